@@ -1,0 +1,8 @@
+"""`python -m worker`: the same as the `trtllm-worker` command."""
+
+import sys
+
+from worker.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The built-in echo engine: generated token k is prompt token k mod n. It stands in for
+a GPU in tests and benchmarks: all in-flight requests advance together, one token per
+step of `step_s` seconds, at most `capacity` of them at once (the rest wait)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from worker.engine.base import EngineOutput, EngineRequest, FinishReason
+
+
+@dataclass(slots=True)
+class _Running:
+    request: EngineRequest
+    source: list[int]
+    generated: int
+    cancelled: bool = False
+
+
+class EchoEngine:
+    """CPU-only engine with the contract's echo behaviour."""
+
+    def __init__(self, *, capacity: int, step_s: float) -> None:
+        self._capacity = capacity
+        self._step_s = step_s
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: dict[int, _Running] = {}
+        self._cancelled_waiting: set[int] = set()
+        self._next_step = time.monotonic()
+        self._wakeup = threading.Event()
+        self._closed = False
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def enqueue(self, request: EngineRequest) -> None:
+        self._waiting.append(request)
+
+    def cancel(self, request_id: int) -> None:
+        running = self._running.get(request_id)
+        if running is not None:
+            running.cancelled = True
+        else:
+            self._cancelled_waiting.add(request_id)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._running.clear()
+        self._waiting.clear()
+
+    def wait(self, timeout: float) -> list[EngineOutput]:
+        """Sleep until the next step is due (or `timeout`, or `wake`), then run it."""
+        if self._closed:
+            raise RuntimeError("echo engine is shut down")
+        now = time.monotonic()
+        if not self._running and not self._waiting:
+            self._wakeup.wait(timeout)
+            self._wakeup.clear()
+            return []
+        delay = self._next_step - now
+        if delay > 0:
+            if self._wakeup.wait(min(delay, timeout)):
+                self._wakeup.clear()
+            if time.monotonic() < self._next_step:
+                return self._admit_cancelled()
+        self._next_step = max(self._next_step + self._step_s, time.monotonic())
+        return self._step()
+
+    def _admit_cancelled(self) -> list[EngineOutput]:
+        """Requests cancelled while still waiting end at once, with no tokens."""
+        if not self._cancelled_waiting:
+            return []
+        outputs = []
+        for request in [r for r in self._waiting if r.id in self._cancelled_waiting]:
+            self._waiting.remove(request)
+            outputs.append(EngineOutput(request.id, [], finish=FinishReason.CANCELLED))
+        self._cancelled_waiting.clear()
+        return outputs
+
+    def _step(self) -> list[EngineOutput]:
+        outputs = self._admit_cancelled()
+        while self._waiting and len(self._running) < self._capacity:
+            request = self._waiting.popleft()
+            n_source = len(request.prompt_ids) - request.resumed_tokens
+            self._running[request.id] = _Running(
+                request, request.prompt_ids[:n_source], request.resumed_tokens
+            )
+        finished = []
+        for request_id, running in self._running.items():
+            output = self._advance(running)
+            outputs.append(output)
+            if output.finish is not None:
+                finished.append(request_id)
+        for request_id in finished:
+            del self._running[request_id]
+        return outputs
+
+    @staticmethod
+    def _advance(running: _Running) -> EngineOutput:
+        request = running.request
+        if running.cancelled:
+            return EngineOutput(request.id, [], finish=FinishReason.CANCELLED)
+        token = running.source[running.generated % len(running.source)]
+        running.generated += 1
+        produced = running.generated - request.resumed_tokens
+        logprobs = [0.0] if request.return_logprobs else None
+        finish = None
+        if (
+            not request.ignore_eos
+            and token in request.eos_ids
+            and produced >= request.min_new_tokens
+        ):
+            finish = FinishReason.EOS_TOKEN
+        elif produced >= request.max_new_tokens:
+            finish = FinishReason.LENGTH
+        return EngineOutput(request.id, [token], logprobs, finish)

@@ -1,0 +1,54 @@
+"""Job → prompt token ids and budgets: tokenize, truncate, check the length limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.config import Settings
+from worker.errors import InputTooLong, InvalidJob
+from worker.schema import Job
+from worker.tokenizer import TokenizerInfo
+
+TOKENIZE_IN_THREAD_CHARS = 4096
+"""Prompts longer than this are tokenized off the event loop, so a huge prompt cannot
+stall the AMQP heartbeats."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedInput:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    min_new_tokens: int
+
+
+def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> PreparedInput:
+    """Raises `InvalidJob` / `InputTooLong` naming the field at fault."""
+    params = job.parameters
+    if job.input_ids is not None:
+        bad = next((i for i in job.input_ids if i >= tokenizer.vocab_size), None)
+        if bad is not None:
+            raise InvalidJob(
+                f"input_ids: id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})",
+                request_id=job.request_id,
+            )
+        ids = list(job.input_ids)
+    else:
+        assert job.inputs is not None  # the schema guarantees exactly one of the two
+        encoding = tokenizer.tokenizer.encode(
+            job.inputs, add_special_tokens=params.add_special_tokens
+        )
+        ids = encoding.ids
+    if not ids:
+        raise InvalidJob("inputs: the prompt has no tokens", request_id=job.request_id)
+    if params.truncate is not None and len(ids) > params.truncate:
+        ids = ids[-params.truncate :]
+    if len(ids) > settings.max_input_tokens:
+        hint = "" if params.truncate is not None else "; set parameters.truncate to keep the end"
+        raise InputTooLong(
+            f"inputs: {len(ids)} tokens, the limit is {settings.max_input_tokens}{hint}",
+            request_id=job.request_id,
+        )
+    # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the
+    # prompt by WORKER_MAX_INPUT_TOKENS, so their sum is within the contract's total.
+    max_new = params.max_new_tokens or settings.default_max_new_tokens
+    return PreparedInput(ids, max_new, params.min_new_tokens or 0)

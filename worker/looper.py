@@ -1,0 +1,157 @@
+"""The engine loop thread: the only thread that touches the engine.
+
+Threading rule: the engine lives on this thread; request state, detokenizers and all
+I/O live on the event loop. They meet at one thread-safe queue in (`submit`, `cancel`)
+and one `call_soon_threadsafe` per wake-up out. Idle, the thread blocks on its command
+queue; busy, it blocks in `engine.wait(timeout)`. It never spins."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from worker.engine.base import Engine, EngineOutput, EngineRequest
+
+log = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 1.0
+"""How long the idle thread sleeps between heartbeats."""
+
+BUSY_TIMEOUT_S = 0.05
+"""The longest `engine.wait`: bounds how late a command is seen when an engine cannot be
+woken (the echo engine can; TensorRT-LLM's Executor cannot)."""
+
+MAX_UNCONSUMED_BATCHES = 256
+"""Batches handed to the event loop and not yet taken before the thread stops asking
+the engine for more (an engine keeps its outputs meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    request: EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    engine_id: int
+
+
+class _Stop:
+    pass
+
+
+_Command = _Submit | _Cancel | _Stop
+
+OutputSink = Callable[[list[EngineOutput]], None]
+DeathSink = Callable[[BaseException], None]
+
+
+class Looper:
+    """Owns the engine on a dedicated thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        loop: asyncio.AbstractEventLoop,
+        on_outputs: OutputSink,
+        on_death: DeathSink,
+    ) -> None:
+        self._engine = engine
+        self._loop = loop
+        self._on_outputs = on_outputs
+        self._on_death = on_death
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._in_flight: set[int] = set()
+        self._unconsumed = threading.BoundedSemaphore(MAX_UNCONSUMED_BATCHES)
+        self._thread = threading.Thread(target=self._run, name="engine-looper", daemon=True)
+        self.heartbeat = time.monotonic()
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    # -- called from the event loop -------------------------------------------------
+
+    def submit(self, request: EngineRequest) -> None:
+        self._commands.put(_Submit(request))
+        self._engine.wake()
+
+    def cancel(self, engine_id: int) -> None:
+        self._commands.put(_Cancel(engine_id))
+        self._engine.wake()
+
+    def consumed(self, batches: int) -> None:
+        """The event loop took `batches` batches: the thread may deliver more."""
+        for _ in range(batches):
+            self._unconsumed.release()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread, then shut the engine down (on the thread, which owns it)."""
+        self._commands.put(_Stop())
+        self._engine.wake()
+        self._thread.join(timeout)
+
+    # -- the thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._drain_commands():
+                if self._in_flight:
+                    self._deliver(self._engine.wait(BUSY_TIMEOUT_S))
+                self.heartbeat = time.monotonic()
+        except BaseException as exc:
+            self.error = exc
+            log.exception("engine loop died")
+            with contextlib.suppress(RuntimeError):  # the event loop is already closed
+                self._loop.call_soon_threadsafe(self._on_death, exc)
+            return
+        finally:
+            self._shutdown_engine()
+
+    def _drain_commands(self) -> bool:
+        """Apply every queued command; block for the first one while idle. False on stop."""
+        block = not self._in_flight
+        while True:
+            try:
+                command = self._commands.get(block=block, timeout=IDLE_TIMEOUT_S if block else None)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(command, _Submit):
+                self._engine.enqueue(command.request)
+                self._in_flight.add(command.request.id)
+            elif isinstance(command, _Cancel):
+                if command.engine_id in self._in_flight:
+                    self._engine.cancel(command.engine_id)
+            else:
+                return False
+
+    def _deliver(self, outputs: list[EngineOutput]) -> None:
+        if not outputs:
+            return
+        for output in outputs:
+            if output.final:
+                self._in_flight.discard(output.id)
+        while not self._unconsumed.acquire(timeout=IDLE_TIMEOUT_S):
+            self.heartbeat = time.monotonic()
+        self._loop.call_soon_threadsafe(self._on_outputs, outputs)
+
+    def _shutdown_engine(self) -> None:
+        try:
+            self._engine.shutdown()
+        except Exception:
+            log.exception("engine shutdown failed")

@@ -1,0 +1,212 @@
+"""Engine outputs → stream entries. The event loop owns every request's state here:
+its detokenizer, its stop gate, its next index. A stop match becomes an abort for the
+engine. `OutputProcessor.process` is the only loop over engine outputs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tokenizers import Tokenizer
+
+from worker.detokenize import IncrementalDetokenizer, StopGate
+from worker.engine.base import EngineOutput, FinishReason
+
+Fields = dict[str, str | int | float]
+
+
+def entry_id(seq: int) -> str:
+    """Stream entry ids are `0-<seq>`, seq = index + 1 for tokens and one more for the
+    terminal entry: Redis then refuses to store any index twice or out of order."""
+    return f"0-{seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """How a request ended, as stored in its terminal entry."""
+
+    fields: Fields
+    generated_tokens: int
+
+    @property
+    def outcome(self) -> str:
+        """`done:<finish_reason>` or `error:<code>`, for metrics and logs."""
+        event = str(self.fields["event"])
+        detail = self.fields.get("finish_reason", self.fields.get("code", ""))
+        return f"{event}:{detail}"
+
+
+def error_fields(code: str, message: str) -> Fields:
+    return {"event": "error", "code": code, "message": " ".join(message.split())}
+
+
+class RequestState:
+    """Everything the event loop knows about one running request."""
+
+    __slots__ = (
+        "_detok",
+        "_gate",
+        "abort_cause",
+        "done",
+        "engine_id",
+        "eos_ids",
+        "first_token_at",
+        "input_tokens",
+        "key",
+        "metadata_json",
+        "next_index",
+        "request_id",
+        "return_logprobs",
+        "texts",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        key: str,
+        engine_id: int,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        input_tokens: int,
+        stops: Sequence[str] = (),
+        min_new_tokens: int = 0,
+        eos_ids: frozenset[int] = frozenset(),
+        return_logprobs: bool = False,
+        metadata_json: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.key = key
+        self.engine_id = engine_id
+        self.input_tokens = input_tokens
+        self.eos_ids = eos_ids
+        self.return_logprobs = return_logprobs
+        self.metadata_json = metadata_json
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._gate = StopGate(stops, min_new_tokens)
+        self.next_index = 0
+        self.texts: list[str] = []
+        self.abort_cause: FinishReason | None = None
+        self.first_token_at: float | None = None
+        self.done: asyncio.Future[Terminal] | None = None
+
+    def token_text(self, token_id: int, *, last: bool, finish: FinishReason | None) -> str:
+        """Advance by one token; return the text its entry carries. `last` marks the
+        request's final token: then everything still held back is released."""
+        if finish is FinishReason.EOS_TOKEN and last and token_id in self.eos_ids:
+            text = ""  # the EOS token's own text is never published
+        else:
+            text = self._detok.step(token_id)
+        if last:
+            text += self._detok.flush()
+        released = self._gate.push(text, self.next_index + 1)
+        if last and self._gate.matched is None:
+            released += self._gate.flush()
+        self.next_index += 1
+        self.texts.append(released)
+        return released
+
+    @property
+    def stopped(self) -> bool:
+        return self._gate.matched is not None
+
+    def done_fields(self, finish: FinishReason) -> Fields:
+        fields: Fields = {
+            "event": "done",
+            "finish_reason": finish.value,
+            "generated_tokens": self.next_index,
+            "input_tokens": self.input_tokens,
+            "generated_text": "".join(self.texts),
+        }
+        if self.metadata_json is not None:
+            fields["metadata"] = self.metadata_json
+        return fields
+
+    def replay(self, token_ids: Sequence[int]) -> FinishReason | None:
+        """Rebuild the state from tokens an earlier attempt published (resume). Returns
+        the finish reason if that attempt had already finished without storing it."""
+        for token_id in token_ids:
+            self.token_text(token_id, last=False, finish=None)
+            if self.stopped:
+                return FinishReason.STOP_SEQUENCE
+        return None
+
+
+@dataclass(slots=True)
+class ProcessedBatch:
+    """What one batch of engine outputs turned into."""
+
+    entries: list[tuple[str, str, Fields]] = field(default_factory=list)
+    finished: list[tuple[RequestState, Terminal]] = field(default_factory=list)
+    aborts: list[int] = field(default_factory=list)
+    first_tokens: list[RequestState] = field(default_factory=list)
+    tokens: int = 0
+
+
+class OutputProcessor:
+    """The registry of running requests, keyed by engine id."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, RequestState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def add(self, state: RequestState) -> None:
+        self._states[state.engine_id] = state
+
+    def remove(self, engine_id: int) -> RequestState | None:
+        return self._states.pop(engine_id, None)
+
+    def states(self) -> list[RequestState]:
+        return list(self._states.values())
+
+    def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
+        """Turn outputs into entries. Outputs of requests no longer registered (stopped,
+        handed back) are dropped: an engine may deliver a step after an abort."""
+        batch = ProcessedBatch()
+        for output in outputs:
+            state = self._states.get(output.id)
+            if state is None:
+                continue
+            if output.error is not None:
+                self._finish(state, error_fields("engine_error", output.error), batch)
+                continue
+            self._tokens(state, output, batch)
+        return batch
+
+    def _tokens(self, state: RequestState, output: EngineOutput, batch: ProcessedBatch) -> None:
+        key = state.key
+        count = len(output.token_ids)
+        logprobs = output.logprobs if state.return_logprobs else None
+        if count and state.next_index == 0:
+            batch.first_tokens.append(state)
+        for position, token_id in enumerate(output.token_ids):
+            last = output.finish is not None and position == count - 1
+            index = state.next_index
+            fields: Fields = {
+                "event": "token",
+                "index": index,
+                "token_id": token_id,
+                "text": state.token_text(token_id, last=last, finish=output.finish),
+            }
+            if logprobs is not None and position < len(logprobs):
+                fields["logprob"] = logprobs[position]
+            batch.entries.append((key, entry_id(index + 1), fields))
+            batch.tokens += 1
+            if state.stopped:
+                if output.finish is None:
+                    batch.aborts.append(state.engine_id)
+                self._finish(state, state.done_fields(FinishReason.STOP_SEQUENCE), batch)
+                return
+        if output.finish is not None:
+            finish = output.finish
+            if finish is FinishReason.CANCELLED and state.abort_cause is not None:
+                finish = state.abort_cause
+            self._finish(state, state.done_fields(finish), batch)
+
+    def _finish(self, state: RequestState, fields: Fields, batch: ProcessedBatch) -> None:
+        del self._states[state.engine_id]
+        batch.entries.append((state.key, entry_id(state.next_index + 1), fields))
+        batch.finished.append((state, Terminal(fields, state.next_index)))

@@ -1,0 +1,302 @@
+"""One job from a validated message to its stored terminal entry, and the pump that
+turns engine outputs into Redis writes. Lives on the event loop; talks to the engine only
+through the looper."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from redis.exceptions import RedisError
+
+from worker.config import Settings
+from worker.engine.base import EngineOutput, EngineRequest, FinishReason, Sampling
+from worker.errors import DeadlineExceeded, HandBack
+from worker.inputs import TOKENIZE_IN_THREAD_CHARS, PreparedInput, prepare_input
+from worker.looper import Looper
+from worker.metrics import Metrics
+from worker.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
+from worker.publisher import Publisher, StreamState
+from worker.schema import Job, metadata_json
+from worker.tokenizer import TokenizerInfo
+
+log = logging.getLogger(__name__)
+
+_RETRY_MAX_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What became of a job: its terminal entry, or None when an earlier attempt had
+    already stored one (the job is acknowledged without running)."""
+
+    terminal: Terminal | None
+
+
+class JobRunner:
+    """Runs jobs on the engine and publishes their streams."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tokenizer: TokenizerInfo,
+        publisher: Publisher,
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._tokenizer = tokenizer
+        self._publisher = publisher
+        self._metrics = metrics
+        self._processor = OutputProcessor()
+        self._engine_ids = itertools.count(1)
+        self._active: dict[str, asyncio.Future[None]] = {}
+        self._running: dict[str, RequestState] = {}
+        self._cancel_requested: set[str] = set()
+        self._inbox: list[EngineOutput] = []
+        self._inbox_batches = 0
+        self._inbox_ready = asyncio.Event()
+        self._looper: Looper | None = None
+        self.engine_error: BaseException | None = None
+        self.redis_healthy = True
+
+    def attach(self, looper: Looper) -> None:
+        self._looper = looper
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    # -- from the looper thread (via call_soon_threadsafe) ---------------------------
+
+    def on_outputs(self, outputs: list[EngineOutput]) -> None:
+        self._inbox.extend(outputs)
+        self._inbox_batches += 1
+        self._inbox_ready.set()
+
+    def on_engine_death(self, exc: BaseException) -> None:
+        """Every request in the engine ends with `engine_error`, through the pump."""
+        self.engine_error = exc
+        reason = f"engine died: {type(exc).__name__}: {exc}"
+        self._inbox.extend(
+            EngineOutput(state.engine_id, [], error=reason) for state in self._processor.states()
+        )
+        self._inbox_ready.set()
+
+    # -- the pump ---------------------------------------------------------------------
+
+    async def pump(self) -> None:
+        """Forever: take everything the engine delivered, turn it into entries, store
+        them in one pipeline, then settle the requests that finished."""
+        while True:
+            await self._inbox_ready.wait()
+            self._inbox_ready.clear()
+            outputs, self._inbox = self._inbox, []
+            batches, self._inbox_batches = self._inbox_batches, 0
+            if self._looper is not None and batches:
+                self._looper.consumed(batches)
+            batch = self._processor.process(outputs)
+            for engine_id in batch.aborts:
+                self._cancel_engine(engine_id)
+            await self._store(batch)
+            self._settle(batch)
+
+    async def _store(self, batch: ProcessedBatch) -> None:
+        expire = [state.key for state, _ in batch.finished]
+        delay = 0.05
+        while True:
+            started = time.perf_counter()
+            try:
+                await self._publisher.write(batch.entries, expire)
+            except (RedisError, OSError) as exc:
+                self.redis_healthy = False
+                log.warning("storing %d entries failed (%s); retrying", len(batch.entries), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+                continue
+            self.redis_healthy = True
+            self._metrics.publish_latency.observe(time.perf_counter() - started)
+            return
+
+    def _settle(self, batch: ProcessedBatch) -> None:
+        now = time.monotonic()
+        for state in batch.first_tokens:
+            state.first_token_at = now
+        self._metrics.generated_tokens.inc(batch.tokens)
+        for state, terminal in batch.finished:
+            self._running.pop(state.request_id, None)
+            if state.done is not None and not state.done.done():
+                state.done.set_result(terminal)
+        self._metrics.in_flight.set(len(self._running))
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def run(self, job: Job, received_at: float) -> JobResult:
+        """Run one job to its terminal entry. Raises `InvalidJob` (dead-letter),
+        `HandBack` (requeue) or a Redis error (retry later)."""
+        previous = self._active.get(job.request_id)
+        if previous is not None:  # the same id is running here: let it end first
+            await asyncio.shield(previous)
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._active[job.request_id] = finished
+        try:
+            return await self._run(job, received_at)
+        finally:
+            self._cancel_requested.discard(job.request_id)
+            del self._active[job.request_id]
+            finished.set_result(None)
+
+    async def _run(self, job: Job, received_at: float) -> JobResult:
+        key = self._settings.stream_prefix + job.request_id
+        stream = await self._publisher.read_start(key)
+        if stream.terminal:
+            return JobResult(None)
+        prepared = await self._prepare(job)
+        if job.deadline is not None and datetime.now(UTC) >= job.deadline:
+            raise DeadlineExceeded(
+                f"deadline {job.deadline.isoformat()} passed before the job started",
+                request_id=job.request_id,
+            )
+        state = self._new_state(job, key, prepared)
+        if stream.cancelled or job.request_id in self._cancel_requested:
+            return await self._end_now(state, FinishReason.CANCELLED)
+        if stream.token_ids:
+            finish = self._resume(state, stream, prepared)
+            if finish is not None:
+                return await self._end_now(state, finish)
+        if self.engine_error is not None or self._looper is None:
+            raise HandBack("the engine is not running", request_id=job.request_id)
+        return JobResult(await self._submit(job, state, prepared, stream.token_ids, received_at))
+
+    async def _prepare(self, job: Job) -> PreparedInput:
+        if job.inputs is not None and len(job.inputs) > TOKENIZE_IN_THREAD_CHARS:
+            return await asyncio.to_thread(prepare_input, job, self._tokenizer, self._settings)
+        return prepare_input(job, self._tokenizer, self._settings)
+
+    def _new_state(self, job: Job, key: str, prepared: PreparedInput) -> RequestState:
+        params = job.parameters
+        return RequestState(
+            request_id=job.request_id,
+            key=key,
+            engine_id=next(self._engine_ids),
+            tokenizer=self._tokenizer.tokenizer,
+            prompt_ids=prepared.prompt_ids,
+            input_tokens=len(prepared.prompt_ids),
+            stops=params.stop or (),
+            min_new_tokens=prepared.min_new_tokens,
+            eos_ids=frozenset() if params.ignore_eos else self._tokenizer.eos_ids,
+            return_logprobs=params.return_logprobs,
+            metadata_json=None if job.metadata is None else metadata_json(job.metadata),
+        )
+
+    def _resume(
+        self, state: RequestState, stream: StreamState, prepared: PreparedInput
+    ) -> FinishReason | None:
+        """Continue a stream an earlier attempt began: replay its tokens through the
+        detokenizer and stop gate, so text and indices go on exactly where it ended."""
+        self._metrics.resumed.inc()
+        finish = state.replay(stream.token_ids)
+        if state.texts != stream.texts:
+            log.warning(
+                "request %s: replayed text differs from the stored stream", state.request_id
+            )
+        if finish is not None:
+            return finish
+        if stream.token_ids[-1] in state.eos_ids:
+            return FinishReason.EOS_TOKEN
+        if len(stream.token_ids) >= prepared.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    async def _end_now(self, state: RequestState, finish: FinishReason) -> JobResult:
+        terminal = Terminal(state.done_fields(finish), state.next_index)
+        await self._publisher.append_terminal(state.key, terminal.fields)
+        return JobResult(terminal)
+
+    async def _submit(
+        self,
+        job: Job,
+        state: RequestState,
+        prepared: PreparedInput,
+        published_ids: list[int],
+        received_at: float,
+    ) -> Terminal:
+        params = job.parameters
+        resumed = len(published_ids)
+        assert self._looper is not None
+        request = EngineRequest(
+            id=state.engine_id,
+            prompt_ids=prepared.prompt_ids + published_ids,
+            max_new_tokens=prepared.max_new_tokens - resumed,
+            min_new_tokens=max(prepared.min_new_tokens - resumed, 0),
+            end_id=self._tokenizer.end_id,
+            eos_ids=state.eos_ids,
+            ignore_eos=params.ignore_eos,
+            sampling=Sampling(
+                do_sample=params.do_sample,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                repetition_penalty=params.repetition_penalty,
+                frequency_penalty=params.frequency_penalty,
+                presence_penalty=params.presence_penalty,
+                seed=params.seed,
+            ),
+            return_logprobs=params.return_logprobs,
+            resumed_tokens=resumed,
+        )
+        loop = asyncio.get_running_loop()
+        state.done = loop.create_future()
+        self._processor.add(state)
+        self._running[job.request_id] = state
+        self._metrics.in_flight.set(len(self._running))
+        self._metrics.input_tokens.inc(state.input_tokens)
+        self._looper.submit(request)
+        timer = None
+        if job.deadline is not None:
+            delay = (job.deadline - datetime.now(UTC)).total_seconds()
+            timer = loop.call_later(
+                max(delay, 0), self.cancel, job.request_id, FinishReason.DEADLINE
+            )
+        try:
+            terminal = await state.done
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if state.first_token_at is not None:
+            self._metrics.ttft.observe(state.first_token_at - received_at)
+        return terminal
+
+    def cancel(self, request_id: str, cause: FinishReason = FinishReason.CANCELLED) -> bool:
+        """Stop a request: at once if it runs here (the engine ends it within a step),
+        or when it starts if it is being prepared. True if this worker has it."""
+        state = self._running.get(request_id)
+        if state is not None:
+            if state.abort_cause is None:
+                state.abort_cause = cause
+                self._cancel_engine(state.engine_id)
+            return True
+        if request_id in self._active:
+            self._cancel_requested.add(request_id)
+            return True
+        return False
+
+    def _cancel_engine(self, engine_id: int) -> None:
+        if self._looper is not None:
+            self._looper.cancel(engine_id)
+
+    def hand_back_all(self, reason: str) -> int:
+        """Stop writing for every running request and let its job go back to the queue
+        (drain timeout). Returns how many were handed back."""
+        states = list(self._running.values())
+        for state in states:
+            self._processor.remove(state.engine_id)
+            self._cancel_engine(state.engine_id)
+            if state.done is not None and not state.done.done():
+                state.done.set_exception(HandBack(reason, request_id=state.request_id))
+        self._running.clear()
+        self._metrics.in_flight.set(0)
+        return len(states)

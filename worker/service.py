@@ -1,0 +1,194 @@
+"""The composition root: builds everything from `Settings` and owns the order of
+start (tokenizer → engine → loop thread → Redis → broker → ready) and of stop
+(not ready → stop consuming → drain → hand back → close)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from redis.exceptions import RedisError
+
+from worker.config import Settings, redact_url
+from worker.consumer import Consumer
+from worker.engine import create_engine
+from worker.http import ProbeServer
+from worker.looper import Looper
+from worker.metrics import Metrics
+from worker.publisher import Publisher
+from worker.runner import JobRunner
+from worker.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_STALE_S = 30.0
+REDIS_CHECK_S = 2.0
+
+EXIT_OK = 0
+EXIT_ENGINE_DEAD = 3
+
+
+class Service:
+    """One worker: use `async with Service(settings) as service:`; leaving the block
+    drains and closes."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.draining = False
+        self.redis_up = False
+        self._stopped = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._looper: Looper | None = None
+        self._runner: JobRunner | None = None
+        self._consumer: Consumer | None = None
+        self._publisher: Publisher | None = None
+        self._http: ProbeServer | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.settings
+        tokenizer = load_tokenizer(settings.tokenizer, settings.eos_token)
+        log.info(
+            "tokenizer: %s, vocabulary %d, EOS ids %s",
+            tokenizer.source,
+            tokenizer.vocab_size,
+            sorted(tokenizer.eos_ids) or "none",
+        )
+        engine = create_engine(settings)
+        self.metrics.capacity.set(engine.capacity)
+        self._publisher = Publisher.from_url(settings.redis_url, ttl_s=settings.stream_ttl_s)
+        runner = JobRunner(settings, tokenizer, self._publisher, self.metrics)
+        self._runner = runner
+        loop = asyncio.get_running_loop()
+        self._looper = Looper(engine, loop, runner.on_outputs, self._on_engine_death)
+        runner.attach(self._looper)
+        self._looper.start()
+        self._tasks.append(asyncio.create_task(runner.pump(), name="pump"))
+        try:
+            await self._publisher.ping()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(
+                f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
+            ) from None
+        self.redis_up = True
+        self._tasks.append(asyncio.create_task(self._watch_redis(), name="redis-watch"))
+        self._consumer = Consumer(settings, runner, self._publisher, self.metrics)
+        await self._consumer.start()
+        self._http = ProbeServer(
+            host=settings.http_host,
+            port=settings.http_port,
+            alive=self.alive,
+            ready=self.ready,
+            registry=self.metrics.registry,
+        )
+        await self._http.start()
+        log.info("ready: engine %s, HTTP on port %d", settings.engine, self._http.port)
+
+    async def stop(self) -> None:
+        """Drain: stop taking jobs, let running ones finish for up to the drain timeout,
+        hand the rest back, close everything."""
+        self.draining = True
+        self._stopped.set()
+        consumer = self._consumer
+        if consumer is not None:
+            await consumer.stop_consuming()
+            finished = await consumer.wait_jobs(self.settings.drain_timeout_s)
+            if not finished and self._runner is not None:
+                count = self._runner.hand_back_all("the worker is stopping")
+                log.info("drain timeout: %d running jobs handed back", count)
+                await consumer.wait_jobs(5.0)
+            await consumer.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._looper is not None:
+            await asyncio.to_thread(self._looper.stop)
+        if self._publisher is not None:
+            await self._publisher.close()
+        if self._http is not None:
+            await self._http.close()
+        log.info("stopped")
+
+    async def __aenter__(self) -> Service:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    # -- health -----------------------------------------------------------------------
+
+    @property
+    def http_port(self) -> int:
+        assert self._http is not None
+        return self._http.port
+
+    @property
+    def engine_failed(self) -> bool:
+        return self._runner is not None and self._runner.engine_error is not None
+
+    def alive(self) -> bool:
+        looper = self._looper
+        if looper is None or not looper.alive:
+            return False
+        if time.monotonic() - looper.heartbeat > HEARTBEAT_STALE_S:
+            return False
+        return all(not task.done() for task in self._tasks)
+
+    def ready(self) -> bool:
+        ok = (
+            not self.draining
+            and self.alive()
+            and not self.engine_failed
+            and self.redis_up
+            and self._runner is not None
+            and self._runner.redis_healthy
+            and self._consumer is not None
+            and self._consumer.connected
+        )
+        self.metrics.ready.set(1 if ok else 0)
+        return ok
+
+    def _on_engine_death(self, exc: BaseException) -> None:
+        log.error("the engine died (%s): failing in-flight requests and stopping", exc)
+        if self._runner is not None:
+            self._runner.on_engine_death(exc)
+        self._stopped.set()
+
+    async def _watch_redis(self) -> None:
+        assert self._publisher is not None
+        while True:
+            await asyncio.sleep(REDIS_CHECK_S)
+            try:
+                self.redis_up = await self._publisher.ping()
+            except (RedisError, OSError):
+                self.redis_up = False
+
+
+async def serve(settings: Settings) -> int:
+    """Run a worker until SIGTERM/SIGINT (exit 0 after draining) or engine death (3)."""
+    loop = asyncio.get_running_loop()
+    async with Service(settings) as service:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, service.request_stop)
+        await service.wait_stopped()
+        log.info("stopping: draining for up to %.0fs", settings.drain_timeout_s)
+        failed = service.engine_failed
+    return EXIT_ENGINE_DEAD if failed else EXIT_OK
