@@ -113,7 +113,7 @@ class Publisher:
         if last_fields.get(b"event", b"").decode() in TERMINAL_EVENTS:
             state.terminal = True
             return state
-        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrange(key)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrange(key)  # type: ignore[assignment]
         for _, entry in entries:
             if entry.get(b"event") == b"token":
                 state.token_ids.append(int(entry[b"token_id"]))
