@@ -5,6 +5,7 @@ If none answers, the run fails with one clear line rather than skipping."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import socket
 import warnings
@@ -40,10 +41,15 @@ def _docker_answers() -> bool:
         from docker.errors import DockerException
     except ImportError:
         return False
-    try:
-        docker.from_env(timeout=3).ping()
-    except (DockerException, OSError):
-        return False
+    with warnings.catch_warnings():
+        # docker-py leaves its socket to the garbage collector when the engine is absent
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            docker.from_env(timeout=3).ping()
+        except (DockerException, OSError):
+            return False
+        finally:
+            gc.collect()
     return True
 
 

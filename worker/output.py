@@ -91,11 +91,12 @@ class RequestState:
         self.first_token_at: float | None = None
         self.done: asyncio.Future[Terminal] | None = None
 
-    def token_text(self, token_id: int, *, last: bool, finish: FinishReason | None) -> str:
+    def token_text(self, token_id: int, *, last: bool) -> str:
         """Advance by one token; return the text its entry carries. `last` marks the
         request's final token: then everything still held back is released."""
-        if finish is FinishReason.EOS_TOKEN and last and token_id in self.eos_ids:
-            text = ""  # the EOS token's own text is never published
+        if token_id in self.eos_ids:
+            text = ""  # an EOS token's own text is never published (eos_ids is empty
+            # with ignore_eos); the echo engine can emit one before min_new_tokens
         else:
             text = self._detok.step(token_id)
         if last:
@@ -127,7 +128,7 @@ class RequestState:
         """Rebuild the state from tokens an earlier attempt published (resume). Returns
         the finish reason if that attempt had already finished without storing it."""
         for token_id in token_ids:
-            self.token_text(token_id, last=False, finish=None)
+            self.token_text(token_id, last=False)
             if self.stopped:
                 return FinishReason.STOP_SEQUENCE
         return None
@@ -189,7 +190,7 @@ class OutputProcessor:
                 "event": "token",
                 "index": index,
                 "token_id": token_id,
-                "text": state.token_text(token_id, last=last, finish=output.finish),
+                "text": state.token_text(token_id, last=last),
             }
             if logprobs is not None and position < len(logprobs):
                 fields["logprob"] = logprobs[position]

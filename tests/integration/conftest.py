@@ -1,0 +1,155 @@
+"""Integration fixtures: a worker running in this test's event loop against the real
+RabbitMQ and Redis, a producer (aio-pika) and a subscriber (XREAD), as users have them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import aio_pika
+import pytest
+import redis.asyncio as aioredis
+
+from tests.services import ServiceUrls
+from worker.config import Settings
+from worker.service import Service
+
+Entry = dict[str, str]
+TERMINAL = ("done", "error")
+
+
+class Producer:
+    """Publishes jobs and cancels as a producer would."""
+
+    def __init__(self, channel: aio_pika.abc.AbstractChannel, queue: str) -> None:
+        self.channel = channel
+        self.queue = queue
+
+    async def publish(self, body: dict[str, Any] | bytes, **properties: Any) -> None:
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+        properties.setdefault("content_type", "application/json")
+        message = aio_pika.Message(payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                   **properties)
+        await self.channel.default_exchange.publish(message, routing_key=self.queue)
+
+    async def cancel(self, request_id: str) -> None:
+        exchange = await self.channel.get_exchange(f"{self.queue}.cancel")
+        await exchange.publish(
+            aio_pika.Message(json.dumps({"request_id": request_id}).encode()), routing_key=""
+        )
+
+    async def get_dead(self, timeout: float = 10.0) -> aio_pika.abc.AbstractIncomingMessage:
+        """The next message of `<queue>.dead` (acknowledged)."""
+        queue = await self.channel.get_queue(f"{self.queue}.dead")
+        async with asyncio.timeout(timeout):
+            async with queue.iterator() as messages:
+                async for message in messages:
+                    await message.ack()
+                    return message
+        raise AssertionError("unreachable")
+
+
+class Subscriber:
+    """Reads streams with XREAD from id 0, as the README tells users to."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.redis = client
+        self.prefix = prefix
+
+    def key(self, request_id: str) -> str:
+        return self.prefix + request_id
+
+    async def read_until_terminal(self, request_id: str, timeout: float = 15.0) -> list[Entry]:
+        key = self.key(request_id)
+        entries: list[Entry] = []
+        last_id = "0"
+        async with asyncio.timeout(timeout):
+            while True:
+                reply = await self.redis.xread({key: last_id}, block=1000, count=1000)
+                for _, items in reply:
+                    for entry_id, fields in items:
+                        last_id = entry_id
+                        entries.append(fields)
+                        if fields["event"] in TERMINAL:
+                            return entries
+
+    async def first_entry(self, request_id: str, timeout: float = 15.0) -> Entry:
+        async with asyncio.timeout(timeout):
+            while True:
+                reply = await self.redis.xread({self.key(request_id): "0"}, block=1000, count=1)
+                if reply:
+                    fields: Entry = reply[0][1][0][1]
+                    return fields
+
+
+def tokens(entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e["event"] == "token"]
+
+
+def terminal(entries: list[Entry]) -> Entry:
+    assert entries[-1]["event"] in TERMINAL
+    assert all(e["event"] not in TERMINAL for e in entries[:-1]), "one terminal entry, last"
+    return entries[-1]
+
+
+@pytest.fixture
+async def redis_client(services: ServiceUrls) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(services.redis, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def amqp_channel(
+    services: ServiceUrls, names: dict[str, str]
+) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+    connection = await aio_pika.connect(services.amqp)
+    channel = await connection.channel()
+    yield channel
+    with contextlib.suppress(Exception):
+        for name in (names["queue"], f"{names['queue']}.dead"):
+            await channel.queue_delete(name)
+        await channel.exchange_delete(f"{names['queue']}.cancel")
+    await connection.close()
+
+
+@pytest.fixture
+async def cleanup_keys(
+    redis_client: aioredis.Redis, names: dict[str, str]
+) -> AsyncIterator[None]:
+    yield
+    keys = [k async for k in redis_client.scan_iter(match=names["stream_prefix"] + "*")]
+    keys += [k async for k in redis_client.scan_iter(match="{" + names["stream_prefix"] + "*")]
+    if keys:
+        await redis_client.delete(*keys)
+
+
+@pytest.fixture
+def producer(amqp_channel: aio_pika.abc.AbstractChannel, names: dict[str, str]) -> Producer:
+    return Producer(amqp_channel, names["queue"])
+
+
+@pytest.fixture
+def subscriber(
+    redis_client: aioredis.Redis, names: dict[str, str], cleanup_keys: None
+) -> Subscriber:
+    return Subscriber(redis_client, names["stream_prefix"])
+
+
+WorkerFactory = Callable[..., AbstractAsyncContextManager[Service]]
+
+
+@pytest.fixture
+def run_worker(make_settings: Callable[..., Settings]) -> WorkerFactory:
+    """`async with run_worker(**settings) as service:` runs a worker in this event loop."""
+
+    @contextlib.asynccontextmanager
+    async def run(**overrides: Any) -> AsyncIterator[Service]:
+        async with Service(make_settings(**overrides)) as service:
+            yield service
+
+    return run
