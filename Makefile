@@ -1,0 +1,40 @@
+# trtllm-worker. Quick start: `make run` (a worker on the local RabbitMQ and Redis, echo
+# engine) and `make test` (lint, types, and the whole test suite against real services).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+
+.PHONY: run test lint typecheck pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@ $(STAMP)
+
+run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine)
+	$(BIN)/trtllm-worker serve
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check worker tests
+	$(BIN)/ruff format --check worker tests
+
+typecheck: $(DEV_STAMP)
+	$(BIN)/mypy
+
+pytest: $(DEV_STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitMQ and Redis)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,124 @@
+"""Messages that cannot run end in `<queue>.dead` with the reason; the worker goes on."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
+from worker.schema import MAX_BODY_BYTES
+
+
+def rid() -> str:
+    return f"dl-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.mark.parametrize(
+    ("body", "properties", "code", "mentions"),
+    [
+        (b"not json", {}, "invalid_request", "JSON"),
+        (b'{"request_id": "x1", "inputs": ""}', {}, "invalid_request", "inputs"),
+        (b'["a list"]', {}, "invalid_request", "object"),
+        (b"\xff\xfe\xfd", {}, "invalid_request", "JSON"),
+        (b'{"request_id": "x2", "inputs": "hi"}', {"content_type": "text/plain"},
+         "invalid_request", "content_type"),
+        (b'{"request_id": "x3", "inputs": "hi", "parameters": {"top_k": 0}}', {},
+         "invalid_request", "parameters.top_k"),
+        (b'{"request_id": "x4", "inputs": "hi", "extra": 1}', {}, "invalid_request", "extra"),
+        (b" " * (MAX_BODY_BYTES + 1), {}, "invalid_request", "limit"),
+    ],
+    ids=["not-json", "empty-inputs", "not-object", "bad-utf8", "content-type", "top_k",
+         "unknown-field", "too-large"],
+)
+async def test_unrunnable_message_is_dead_lettered_with_reason(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    body: bytes,
+    properties: dict[str, Any],
+    code: str,
+    mentions: str,
+) -> None:
+    after = rid()
+    properties.setdefault("content_type", "application/json")
+    async with run_worker():
+        await producer.publish(body, headers={"x-producer": "test"}, correlation_id="c-1",
+                               **properties)
+        dead = await producer.get_dead()
+        # the worker keeps running
+        await producer.publish({"request_id": after, "inputs": "ok", "parameters": {"max_new_tokens": 2}})
+        entries = await subscriber.read_until_terminal(after)
+    assert terminal(entries)["generated_text"] == "ok"
+    assert dead.body == body
+    assert dead.headers["x-error-code"] == code
+    assert mentions in str(dead.headers["x-error-message"])
+    assert dead.headers["x-producer"] == "test"
+    assert dead.correlation_id == "c-1"
+    assert dead.content_type == properties["content_type"]
+
+
+async def test_readable_request_id_also_gets_an_error_entry(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    request_id = rid()
+    async with run_worker():
+        await producer.publish(
+            {"request_id": request_id, "inputs": "hi", "parameters": {"temperature": -1}}
+        )
+        entries = await subscriber.read_until_terminal(request_id)
+        dead = await producer.get_dead()
+    assert entries == [
+        {
+            "event": "error",
+            "code": "invalid_request",
+            "message": dead.headers["x-error-message"],
+        }
+    ]
+    assert "parameters.temperature" in entries[0]["message"]
+    ttl = await subscriber.redis.ttl(subscriber.key(request_id))
+    assert ttl > 0
+
+
+async def test_message_id_gives_the_stream_when_the_body_is_unreadable(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    request_id = rid()
+    async with run_worker():
+        await producer.publish(b"{broken", message_id=request_id)
+        entries = await subscriber.read_until_terminal(request_id)
+        await producer.get_dead()
+    assert entries[0]["event"] == "error"
+    assert entries[0]["code"] == "invalid_request"
+
+
+async def test_input_too_long(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    request_id = rid()
+    async with run_worker(max_input_tokens=10):
+        await producer.publish({"request_id": request_id, "inputs": "x" * 11})
+        entries = await subscriber.read_until_terminal(request_id)
+        dead = await producer.get_dead()
+    assert entries[0]["code"] == "input_too_long"
+    assert dead.headers["x-error-code"] == "input_too_long"
+    assert json.loads(dead.body)["request_id"] == request_id
+
+
+async def test_message_delivered_too_often_is_dead_lettered(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """Quorum queues count failed deliveries in `x-delivery-count`; a message past
+    WORKER_DELIVERY_LIMIT is not run again."""
+    request_id = rid()
+    async with run_worker(delivery_limit=2):
+        await producer.publish(
+            {"request_id": request_id, "inputs": "hi"}, headers={"x-delivery-count": 2}
+        )
+        entries = await subscriber.read_until_terminal(request_id)
+        dead = await producer.get_dead()
+    assert entries[0]["event"] == "error"
+    assert "delivered 3 times" in entries[0]["message"]
+    assert dead.headers["x-error-code"] == entries[0]["code"]

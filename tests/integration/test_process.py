@@ -1,0 +1,102 @@
+"""The worker as operators run it: `python -m worker`, stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.integration.conftest import Producer, Subscriber, terminal
+from tests.services import ServiceUrls
+
+
+def rid() -> str:
+    return f"proc-{uuid.uuid4().hex[:10]}"
+
+
+def worker_env(services: ServiceUrls, names: dict[str, str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env.update(
+        WORKER_AMQP_URL=services.amqp,
+        WORKER_REDIS_URL=services.redis,
+        WORKER_QUEUE=names["queue"],
+        WORKER_STREAM_PREFIX=names["stream_prefix"],
+        WORKER_HTTP_PORT="0",
+    )
+    env.update(extra)
+    return env
+
+
+async def wait_for_line(stream: asyncio.StreamReader, needle: str, timeout: float = 20) -> str:
+    seen = []
+    async with asyncio.timeout(timeout):
+        while line := (await stream.readline()).decode():
+            seen.append(line)
+            if needle in line:
+                return line
+    raise AssertionError(f"{needle!r} not in output: {''.join(seen)}")
+
+
+@pytest.fixture
+async def worker_process(
+    services: ServiceUrls, names: dict[str, str], tmp_path: os.PathLike[str]
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "serve",
+        env=worker_env(services, names, WORKER_ECHO_STEP_MS="10", WORKER_DRAIN_TIMEOUT_S="1.5"),
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    await wait_for_line(process.stderr, "ready:")
+    yield process
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+async def test_sigterm_drains_then_exits_zero(
+    worker_process: asyncio.subprocess.Process,
+    producer: Producer,
+    subscriber: Subscriber,
+    names: dict[str, str],
+) -> None:
+    short, long = rid(), rid()
+    await producer.publish({"request_id": short, "inputs": "ab", "parameters": {"max_new_tokens": 50}})
+    await producer.publish({"request_id": long, "inputs": "ab", "parameters": {"max_new_tokens": 2000}})
+    await subscriber.first_entry(short)
+    await subscriber.first_entry(long)
+    worker_process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(20):
+        code = await worker_process.wait()
+    assert code == 0
+    # the short job finished during the drain; the long one went back unacknowledged
+    assert terminal(await subscriber.read_until_terminal(short))["finish_reason"] == "length"
+    long_entries = await subscriber.redis.xrange(subscriber.key(long))
+    assert all(fields["event"] == "token" for _, fields in long_entries)
+    queue = await producer.channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    assert queue.declaration_result.message_count == 1
+
+
+async def test_unreachable_broker_is_one_line_and_nonzero(
+    services: ServiceUrls, names: dict[str, str], tmp_path: os.PathLike[str]
+) -> None:
+    env = worker_env(services, names, WORKER_AMQP_URL="amqp://guest:s3cret@127.0.0.1:1/")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker",
+        env=env, cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        _, stderr = await process.communicate()
+    text = stderr.decode()
+    assert process.returncode == 69
+    assert "cannot connect to RabbitMQ" in text
+    assert "s3cret" not in text
+    assert "Traceback" not in text
