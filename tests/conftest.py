@@ -55,7 +55,7 @@ def make_settings(services: ServiceUrls, names: dict[str, str]) -> Any:
             "drain_timeout_s": 5,
         }
         values.update(overrides)
-        return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+        return Settings(_env_file=None, **values)
 
     return make
 
@@ -100,7 +100,10 @@ def metaspace_tokenizer() -> Tokenizer:
     vocab: dict[str, int] = dict(model["vocab"])
     for byte in range(256):
         vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    merges: list[tuple[str, str]] = [
+        (m.split(" ")[0], m.split(" ")[1]) if isinstance(m, str) else (m[0], m[1])
+        for m in model["merges"]
+    ]
     tokenizer = Tokenizer(
         models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>")
     )

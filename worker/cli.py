@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit = commands.add_parser("submit", help="publish a job; with --follow, print its tokens")
     submit.add_argument("prompt", help="the prompt (the job's inputs)")
     submit.add_argument(
-        "--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="a job parameter, VALUE as JSON (e.g. -p max_new_tokens=32 -p stop='[\"\\n\"]')",
     )
     submit.add_argument("--request-id", help="default: a fresh random id")

@@ -7,7 +7,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import redis.asyncio as aioredis
@@ -77,7 +77,7 @@ async def follow(
     try:
         while True:
             reply = await client.xread({key: last_id}, block=XREAD_BLOCK_MS, count=512)
-            for _, entries in reply:
+            for _, entries in cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply):
                 for entry_id, fields in entries:
                     last_id = entry_id
                     yield entry_id, fields

@@ -94,11 +94,9 @@ class RequestState:
     def token_text(self, token_id: int, *, last: bool) -> str:
         """Advance by one token; return the text its entry carries. `last` marks the
         request's final token: then everything still held back is released."""
-        if token_id in self.eos_ids:
-            text = ""  # an EOS token's own text is never published (eos_ids is empty
-            # with ignore_eos); the echo engine can emit one before min_new_tokens
-        else:
-            text = self._detok.step(token_id)
+        # An EOS token's own text is never published (eos_ids is empty with ignore_eos);
+        # the echo engine can emit one before min_new_tokens, a model cannot.
+        text = "" if token_id in self.eos_ids else self._detok.step(token_id)
         if last:
             text += self._detok.flush()
         released = self._gate.push(text, self.next_index + 1)

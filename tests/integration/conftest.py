@@ -8,7 +8,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import pytest
@@ -32,8 +32,9 @@ class Producer:
     async def publish(self, body: dict[str, Any] | bytes, **properties: Any) -> None:
         payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         properties.setdefault("content_type", "application/json")
-        message = aio_pika.Message(payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                   **properties)
+        message = aio_pika.Message(
+            payload, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, **properties
+        )
         await self.channel.default_exchange.publish(message, routing_key=self.queue)
 
     async def cancel(self, request_id: str) -> None:
@@ -42,10 +43,10 @@ class Producer:
             aio_pika.Message(json.dumps({"request_id": request_id}).encode()), routing_key=""
         )
 
-    async def get_dead(self, timeout: float = 10.0) -> aio_pika.abc.AbstractIncomingMessage:
+    async def get_dead(self, wait_s: float = 10.0) -> aio_pika.abc.AbstractIncomingMessage:
         """The next message of `<queue>.dead` (acknowledged)."""
         queue = await self.channel.get_queue(f"{self.queue}.dead")
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             async with queue.iterator() as messages:
                 async for message in messages:
                     await message.ack()
@@ -63,27 +64,39 @@ class Subscriber:
     def key(self, request_id: str) -> str:
         return self.prefix + request_id
 
-    async def read_until_terminal(self, request_id: str, timeout: float = 15.0) -> list[Entry]:
+    async def read_until_terminal(self, request_id: str, wait_s: float = 15.0) -> list[Entry]:
         key = self.key(request_id)
         entries: list[Entry] = []
         last_id = "0"
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(wait_s):
             while True:
-                reply = await self.redis.xread({key: last_id}, block=1000, count=1000)
-                for _, items in reply:
+                for _, items in await xread(self.redis, {key: last_id}, count=1000):
                     for entry_id, fields in items:
                         last_id = entry_id
                         entries.append(fields)
                         if fields["event"] in TERMINAL:
                             return entries
 
-    async def first_entry(self, request_id: str, timeout: float = 15.0) -> Entry:
-        async with asyncio.timeout(timeout):
+    async def first_entry(self, request_id: str, wait_s: float = 15.0) -> Entry:
+        async with asyncio.timeout(wait_s):
             while True:
-                reply = await self.redis.xread({self.key(request_id): "0"}, block=1000, count=1)
+                reply = await xread(self.redis, {self.key(request_id): "0"}, count=1)
                 if reply:
-                    fields: Entry = reply[0][1][0][1]
-                    return fields
+                    return reply[0][1][0][1]
+
+    async def entries(self, request_id: str) -> list[Entry]:
+        """Everything the stream holds now."""
+        reply = await self.redis.xrange(self.key(request_id))
+        return [fields for _, fields in cast(list[tuple[str, Entry]], reply)]
+
+
+XreadReply = list[tuple[str, list[tuple[str, Entry]]]]
+
+
+async def xread(client: aioredis.Redis, streams: dict[str, str], count: int) -> XreadReply:
+    """XREAD BLOCK 1000 with the reply typed (redis-py's annotation is a union)."""
+    reply = await client.xread(streams, block=1000, count=count)  # type: ignore[arg-type]
+    return cast(XreadReply, reply)
 
 
 def tokens(entries: list[Entry]) -> list[Entry]:
@@ -118,9 +131,7 @@ async def amqp_channel(
 
 
 @pytest.fixture
-async def cleanup_keys(
-    redis_client: aioredis.Redis, names: dict[str, str]
-) -> AsyncIterator[None]:
+async def cleanup_keys(redis_client: aioredis.Redis, names: dict[str, str]) -> AsyncIterator[None]:
     yield
     keys = [k async for k in redis_client.scan_iter(match=names["stream_prefix"] + "*")]
     keys += [k async for k in redis_client.scan_iter(match="{" + names["stream_prefix"] + "*")]

@@ -174,11 +174,12 @@ async def test_job_with_terminal_entry_is_not_run_again(
         await producer.publish(job)
         first = await subscriber.read_until_terminal(request_id)
         await producer.publish(job)
-        await producer.publish({"request_id": marker, "inputs": "z", "parameters": {"max_new_tokens": 1}})
+        await producer.publish(
+            {"request_id": marker, "inputs": "z", "parameters": {"max_new_tokens": 1}}
+        )
         await subscriber.read_until_terminal(marker)
         skipped = service.metrics.jobs.labels(outcome="skipped")._value.get()
-    again = await subscriber.redis.xrange(subscriber.key(request_id))
-    assert [fields for _, fields in again] == first
+    assert await subscriber.entries(request_id) == first
     assert skipped == 1
 
 
@@ -203,20 +204,22 @@ async def test_cancel_running_request_keeps_what_was_generated(
 async def test_cancel_before_taken_ends_with_no_tokens(
     run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
 ) -> None:
-    request_id, other = rid(), rid()
-    async with run_worker():
-        await producer.cancel(request_id)
-        # the cancel is consumed before this job (same worker, fanout first)
-        await producer.publish({"request_id": other, "inputs": "q", "parameters": {"max_new_tokens": 1}})
-        await subscriber.read_until_terminal(other)
-        mark = "{" + subscriber.key(request_id) + "}:cancel"
-        async with asyncio.timeout(5):
-            while not await subscriber.redis.exists(mark):
-                await asyncio.sleep(0.02)
+    blocker, queued = rid(), rid()
+    # one job at a time: `queued` waits in the queue behind `blocker`
+    async with run_worker(max_batch=1, echo_step_ms=10):
         await producer.publish(
-            {"request_id": request_id, "inputs": "abc", "parameters": {"max_new_tokens": 50}}
+            {"request_id": blocker, "inputs": "b", "parameters": {"max_new_tokens": 2000}}
         )
-        entries = await subscriber.read_until_terminal(request_id)
+        await subscriber.first_entry(blocker)
+        await producer.publish(
+            {"request_id": queued, "inputs": "abc", "parameters": {"max_new_tokens": 50}}
+        )
+        await producer.cancel(queued)
+        await producer.cancel(blocker)
+        assert terminal(await subscriber.read_until_terminal(blocker))["finish_reason"] == (
+            "cancelled"
+        )
+        entries = await subscriber.read_until_terminal(queued)
     assert entries == [
         {
             "event": "done",
@@ -266,7 +269,9 @@ async def test_classic_queue_type(
 ) -> None:
     request_id = rid()
     async with run_worker(queue_type="classic"):
-        await producer.publish({"request_id": request_id, "inputs": "ok", "parameters": {"max_new_tokens": 2}})
+        await producer.publish(
+            {"request_id": request_id, "inputs": "ok", "parameters": {"max_new_tokens": 2}}
+        )
         entries = await subscriber.read_until_terminal(request_id)
     assert terminal(entries)["generated_text"] == "ok"
 
@@ -278,7 +283,11 @@ async def test_many_concurrent_jobs(
     async with run_worker(max_batch=16, echo_step_ms=1):
         for n, request_id in enumerate(ids):
             await producer.publish(
-                {"request_id": request_id, "inputs": f"job {n}", "parameters": {"max_new_tokens": 20}}
+                {
+                    "request_id": request_id,
+                    "inputs": f"job {n}",
+                    "parameters": {"max_new_tokens": 20},
+                }
             )
         results = await asyncio.gather(*(subscriber.read_until_terminal(i, 60) for i in ids))
     for n, entries in enumerate(results):

@@ -23,15 +23,31 @@ def rid() -> str:
         (b'{"request_id": "x1", "inputs": ""}', {}, "invalid_request", "inputs"),
         (b'["a list"]', {}, "invalid_request", "object"),
         (b"\xff\xfe\xfd", {}, "invalid_request", "JSON"),
-        (b'{"request_id": "x2", "inputs": "hi"}', {"content_type": "text/plain"},
-         "invalid_request", "content_type"),
-        (b'{"request_id": "x3", "inputs": "hi", "parameters": {"top_k": 0}}', {},
-         "invalid_request", "parameters.top_k"),
+        (
+            b'{"request_id": "x2", "inputs": "hi"}',
+            {"content_type": "text/plain"},
+            "invalid_request",
+            "content_type",
+        ),
+        (
+            b'{"request_id": "x3", "inputs": "hi", "parameters": {"top_k": 0}}',
+            {},
+            "invalid_request",
+            "parameters.top_k",
+        ),
         (b'{"request_id": "x4", "inputs": "hi", "extra": 1}', {}, "invalid_request", "extra"),
         (b" " * (MAX_BODY_BYTES + 1), {}, "invalid_request", "limit"),
     ],
-    ids=["not-json", "empty-inputs", "not-object", "bad-utf8", "content-type", "top_k",
-         "unknown-field", "too-large"],
+    ids=[
+        "not-json",
+        "empty-inputs",
+        "not-object",
+        "bad-utf8",
+        "content-type",
+        "top_k",
+        "unknown-field",
+        "too-large",
+    ],
 )
 async def test_unrunnable_message_is_dead_lettered_with_reason(
     run_worker: WorkerFactory,
@@ -45,11 +61,14 @@ async def test_unrunnable_message_is_dead_lettered_with_reason(
     after = rid()
     properties.setdefault("content_type", "application/json")
     async with run_worker():
-        await producer.publish(body, headers={"x-producer": "test"}, correlation_id="c-1",
-                               **properties)
+        await producer.publish(
+            body, headers={"x-producer": "test"}, correlation_id="c-1", **properties
+        )
         dead = await producer.get_dead()
         # the worker keeps running
-        await producer.publish({"request_id": after, "inputs": "ok", "parameters": {"max_new_tokens": 2}})
+        await producer.publish(
+            {"request_id": after, "inputs": "ok", "parameters": {"max_new_tokens": 2}}
+        )
         entries = await subscriber.read_until_terminal(after)
     assert terminal(entries)["generated_text"] == "ok"
     assert dead.body == body

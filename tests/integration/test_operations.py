@@ -88,8 +88,9 @@ async def test_drain_timeout_hands_running_jobs_back(
         )
         await subscriber.first_entry(request_id)
     # the worker stopped without a terminal entry; the job is back in the queue
-    entries = await subscriber.redis.xrange(subscriber.key(request_id))
-    assert entries and all(f["event"] == "token" for _, f in entries)
+    entries = await subscriber.entries(request_id)
+    assert entries
+    assert all(fields["event"] == "token" for fields in entries)
     queue = await producer.channel.declare_queue(
         names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
     )

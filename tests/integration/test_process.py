@@ -32,9 +32,9 @@ def worker_env(services: ServiceUrls, names: dict[str, str], **extra: str) -> di
     return env
 
 
-async def wait_for_line(stream: asyncio.StreamReader, needle: str, timeout: float = 20) -> str:
+async def wait_for_line(stream: asyncio.StreamReader, needle: str, wait_s: float = 20) -> str:
     seen = []
-    async with asyncio.timeout(timeout):
+    async with asyncio.timeout(wait_s):
         while line := (await stream.readline()).decode():
             seen.append(line)
             if needle in line:
@@ -47,7 +47,10 @@ async def worker_process(
     services: ServiceUrls, names: dict[str, str], tmp_path: os.PathLike[str]
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker", "serve",
+        sys.executable,
+        "-m",
+        "worker",
+        "serve",
         env=worker_env(services, names, WORKER_ECHO_STEP_MS="10", WORKER_DRAIN_TIMEOUT_S="1.5"),
         cwd=tmp_path,
         stderr=asyncio.subprocess.PIPE,
@@ -67,8 +70,12 @@ async def test_sigterm_drains_then_exits_zero(
     names: dict[str, str],
 ) -> None:
     short, long = rid(), rid()
-    await producer.publish({"request_id": short, "inputs": "ab", "parameters": {"max_new_tokens": 50}})
-    await producer.publish({"request_id": long, "inputs": "ab", "parameters": {"max_new_tokens": 2000}})
+    await producer.publish(
+        {"request_id": short, "inputs": "ab", "parameters": {"max_new_tokens": 50}}
+    )
+    await producer.publish(
+        {"request_id": long, "inputs": "ab", "parameters": {"max_new_tokens": 2000}}
+    )
     await subscriber.first_entry(short)
     await subscriber.first_entry(long)
     worker_process.send_signal(signal.SIGTERM)
@@ -77,8 +84,9 @@ async def test_sigterm_drains_then_exits_zero(
     assert code == 0
     # the short job finished during the drain; the long one went back unacknowledged
     assert terminal(await subscriber.read_until_terminal(short))["finish_reason"] == "length"
-    long_entries = await subscriber.redis.xrange(subscriber.key(long))
-    assert all(fields["event"] == "token" for _, fields in long_entries)
+    long_entries = await subscriber.entries(long)
+    assert long_entries
+    assert all(fields["event"] == "token" for fields in long_entries)
     queue = await producer.channel.declare_queue(
         names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
     )
@@ -90,8 +98,13 @@ async def test_unreachable_broker_is_one_line_and_nonzero(
 ) -> None:
     env = worker_env(services, names, WORKER_AMQP_URL="amqp://guest:s3cret@127.0.0.1:1/")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker",
-        env=env, cwd=tmp_path, stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "worker",
+        env=env,
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )
     async with asyncio.timeout(30):
         _, stderr = await process.communicate()

@@ -673,17 +673,13 @@ def test_body_of_exactly_one_mib_is_accepted() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        pytest.param(
-            make_body(inputs="x" * MAX_BODY_BYTES), id="valid-json-over-limit"
-        ),
+        pytest.param(make_body(inputs="x" * MAX_BODY_BYTES), id="valid-json-over-limit"),
         pytest.param(b"[" * (MAX_BODY_BYTES + 1), id="nested-over-limit"),
         pytest.param(b"\xff" * (MAX_BODY_BYTES + 1), id="garbage-over-limit"),
     ],
 )
 @pytest.mark.parametrize("message_id", [None, "amqp-42"])
-def test_body_over_one_mib_is_rejected_before_parsing(
-    body: bytes, message_id: str | None
-) -> None:
+def test_body_over_one_mib_is_rejected_before_parsing(body: bytes, message_id: str | None) -> None:
     error = rejected(body, message_id=message_id)
     assert "body" in error.message
     assert str(MAX_BODY_BYTES) in error.message, "the message should state the limit"

@@ -1,0 +1,363 @@
+"""Settings: the contract's names and defaults, overrides from the environment and `.env`,
+and one clear line naming the variable for every bad value."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pydantic
+import pytest
+
+import worker
+from worker.config import ENV_PREFIX, Settings, load_settings, redact_url
+from worker.errors import ConfigError
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No WORKER_* variable from the outside, and a working directory without `.env`."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def config_error(monkeypatch: pytest.MonkeyPatch, **env: str) -> ConfigError:
+    """The `ConfigError` load_settings raises with `env` set; checks it is one line."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.strip()
+    assert "\n" not in message, "the message must be one line"
+    return info.value
+
+
+# --- defaults -------------------------------------------------------------------------------
+
+
+CONTRACT_DEFAULTS: list[tuple[str, object]] = [
+    ("WORKER_AMQP_URL", "amqp://guest:guest@localhost:5672/"),
+    ("WORKER_REDIS_URL", "redis://localhost:6379/0"),
+    ("WORKER_QUEUE", "generate"),
+    ("WORKER_STREAM_PREFIX", "gen:"),
+    ("WORKER_STREAM_TTL_S", 3600),
+    ("WORKER_ENGINE", "echo"),
+    ("WORKER_TOKENIZER", None),
+    ("WORKER_EOS_TOKEN", None),
+    ("WORKER_MAX_INPUT_TOKENS", 4096),
+    ("WORKER_MAX_NEW_TOKENS", 2048),
+    ("WORKER_DEFAULT_MAX_NEW_TOKENS", 256),
+    ("WORKER_MAX_BATCH", 64),
+    ("WORKER_HTTP_PORT", 8080),
+    ("WORKER_ECHO_STEP_MS", 0),
+    ("WORKER_QUEUE_TYPE", "quorum"),
+    ("WORKER_DELIVERY_LIMIT", 3),
+    ("WORKER_DRAIN_TIMEOUT_S", 30),
+]
+
+
+def attribute(variable: str) -> str:
+    return variable.removeprefix(ENV_PREFIX).lower()
+
+
+@pytest.mark.parametrize(
+    ("variable", "default"), [pytest.param(v, d, id=v) for v, d in CONTRACT_DEFAULTS]
+)
+def test_contract_default(variable: str, default: object) -> None:
+    assert getattr(load_settings(), attribute(variable)) == default
+
+
+def test_every_contract_variable_is_a_setting() -> None:
+    fields = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    missing = {variable for variable, _ in CONTRACT_DEFAULTS} - fields
+    assert not missing
+
+
+def test_derived_names() -> None:
+    settings = load_settings()
+    assert settings.cancel_exchange == f"{settings.queue}.cancel"
+    assert settings.dead_queue == f"{settings.queue}.dead"
+
+
+def test_settings_are_frozen() -> None:
+    settings = load_settings()
+    with pytest.raises(pydantic.ValidationError):
+        settings.max_batch = 1  # type: ignore[misc]
+
+
+# --- overrides ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "expected"),
+    [
+        pytest.param(
+            "WORKER_AMQP_URL", "amqps://u:p@broker:5671/vhost", "amqps://u:p@broker:5671/vhost"
+        ),
+        pytest.param("WORKER_REDIS_URL", "rediss://:pw@cache:6380/2", "rediss://:pw@cache:6380/2"),
+        pytest.param("WORKER_REDIS_URL", "unix:///run/redis.sock", "unix:///run/redis.sock"),
+        pytest.param("WORKER_QUEUE", "jobs.v2", "jobs.v2"),
+        pytest.param("WORKER_STREAM_PREFIX", "tokens:", "tokens:"),
+        pytest.param("WORKER_STREAM_TTL_S", "60", 60),
+        pytest.param("WORKER_ENGINE", "trtllm", "trtllm"),
+        pytest.param("WORKER_ENGINE", "trtllm-executor", "trtllm-executor"),
+        pytest.param("WORKER_TOKENIZER", "/models/llama", Path("/models/llama")),
+        pytest.param("WORKER_EOS_TOKEN", "<|eot_id|>", "<|eot_id|>"),
+        pytest.param("WORKER_MAX_INPUT_TOKENS", "8192", 8192),
+        pytest.param("WORKER_MAX_NEW_TOKENS", "4096", 4096),
+        pytest.param("WORKER_DEFAULT_MAX_NEW_TOKENS", "2048", 2048),
+        pytest.param("WORKER_MAX_BATCH", "1", 1),
+        pytest.param("WORKER_HTTP_PORT", "9000", 9000),
+        pytest.param("WORKER_ECHO_STEP_MS", "2.5", 2.5),
+        pytest.param("WORKER_QUEUE_TYPE", "classic", "classic"),
+        pytest.param("WORKER_DELIVERY_LIMIT", "10", 10),
+        pytest.param("WORKER_DRAIN_TIMEOUT_S", "0", 0),
+        pytest.param("WORKER_DRAIN_TIMEOUT_S", "1.5", 1.5),
+    ],
+)
+def test_env_override(
+    monkeypatch: pytest.MonkeyPatch, variable: str, raw: str, expected: object
+) -> None:
+    monkeypatch.setenv(variable, raw)
+    settings = load_settings()
+    assert getattr(settings, attribute(variable)) == expected
+
+
+def test_queue_override_moves_derived_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_QUEUE", "jobs")
+    settings = load_settings()
+    assert settings.cancel_exchange == "jobs.cancel"
+    assert settings.dead_queue == "jobs.dead"
+
+
+def test_dotenv_is_read(clean_env: Path) -> None:
+    (clean_env / ".env").write_text("WORKER_MAX_BATCH=7\nWORKER_QUEUE_TYPE=classic\n")
+    settings = load_settings()
+    assert settings.max_batch == 7
+    assert settings.queue_type == "classic"
+
+
+def test_environment_wins_over_dotenv(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (clean_env / ".env").write_text("WORKER_MAX_BATCH=7\n")
+    monkeypatch.setenv("WORKER_MAX_BATCH", "9")
+    assert load_settings().max_batch == 9
+
+
+def test_bad_value_in_dotenv(clean_env: Path) -> None:
+    (clean_env / ".env").write_text("WORKER_MAX_BATCH=zero\n")
+    with pytest.raises(ConfigError, match="WORKER_MAX_BATCH"):
+        load_settings()
+
+
+def test_unrelated_variables_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_NOT_A_SETTING", "whatever")
+    assert load_settings().max_batch == 64
+
+
+def test_keyword_overrides() -> None:
+    assert load_settings(max_batch=5).max_batch == 5
+    with pytest.raises(ConfigError, match="WORKER_MAX_BATCH"):
+        load_settings(max_batch=0)
+
+
+def test_default_max_new_tokens_may_equal_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_MAX_NEW_TOKENS", "100")
+    monkeypatch.setenv("WORKER_DEFAULT_MAX_NEW_TOKENS", "100")
+    settings = load_settings()
+    assert settings.default_max_new_tokens == settings.max_new_tokens == 100
+
+
+# --- bad values -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        pytest.param("WORKER_MAX_BATCH", "zero", id="max_batch-word"),
+        pytest.param("WORKER_MAX_BATCH", "0", id="max_batch-0"),
+        pytest.param("WORKER_MAX_BATCH", "-1", id="max_batch-negative"),
+        pytest.param("WORKER_MAX_BATCH", "1.5", id="max_batch-float"),
+        pytest.param("WORKER_MAX_BATCH", "", id="max_batch-empty"),
+        pytest.param("WORKER_STREAM_TTL_S", "0", id="stream_ttl_s-0"),
+        pytest.param("WORKER_STREAM_TTL_S", "1h", id="stream_ttl_s-unit"),
+        pytest.param("WORKER_MAX_INPUT_TOKENS", "0", id="max_input_tokens-0"),
+        pytest.param("WORKER_MAX_INPUT_TOKENS", "many", id="max_input_tokens-word"),
+        pytest.param("WORKER_MAX_NEW_TOKENS", "0", id="max_new_tokens-0"),
+        pytest.param("WORKER_DEFAULT_MAX_NEW_TOKENS", "0", id="default_max_new_tokens-0"),
+        pytest.param("WORKER_DELIVERY_LIMIT", "0", id="delivery_limit-0"),
+        pytest.param("WORKER_HTTP_PORT", "65536", id="http_port-too-big"),
+        pytest.param("WORKER_HTTP_PORT", "-1", id="http_port-negative"),
+        pytest.param("WORKER_HTTP_PORT", "http", id="http_port-word"),
+        pytest.param("WORKER_ECHO_STEP_MS", "-1", id="echo_step_ms-negative"),
+        pytest.param("WORKER_ECHO_STEP_MS", "fast", id="echo_step_ms-word"),
+        pytest.param("WORKER_DRAIN_TIMEOUT_S", "-1", id="drain_timeout_s-negative"),
+        pytest.param("WORKER_DRAIN_TIMEOUT_S", "30s", id="drain_timeout_s-unit"),
+        pytest.param("WORKER_ENGINE", "vllm", id="engine-unknown"),
+        pytest.param("WORKER_ENGINE", "", id="engine-empty"),
+        pytest.param("WORKER_ENGINE", "tensorrt", id="engine-near-miss"),
+        pytest.param("WORKER_QUEUE_TYPE", "stream", id="queue_type-stream"),
+        pytest.param("WORKER_QUEUE_TYPE", "durable", id="queue_type-unknown"),
+        pytest.param("WORKER_QUEUE", "", id="queue-empty"),
+        pytest.param("WORKER_QUEUE", "my queue", id="queue-space"),
+        pytest.param("WORKER_STREAM_PREFIX", "", id="stream_prefix-empty"),
+        pytest.param("WORKER_EOS_TOKEN", "", id="eos_token-empty"),
+        pytest.param("WORKER_AMQP_URL", "http://localhost:5672/", id="amqp-http"),
+        pytest.param("WORKER_AMQP_URL", "redis://localhost:6379/0", id="amqp-redis-scheme"),
+        pytest.param("WORKER_AMQP_URL", "localhost:5672", id="amqp-no-scheme"),
+        pytest.param("WORKER_AMQP_URL", "", id="amqp-empty"),
+        pytest.param("WORKER_REDIS_URL", "amqp://localhost/", id="redis-amqp-scheme"),
+        pytest.param("WORKER_REDIS_URL", "localhost:6379", id="redis-no-scheme"),
+    ],
+)
+def test_bad_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, raw: str
+) -> None:
+    error = config_error(monkeypatch, **{variable: raw})
+    assert variable in str(error)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({"WORKER_DEFAULT_MAX_NEW_TOKENS": "3000"}, id="default-above-contract-max"),
+        pytest.param({"WORKER_MAX_NEW_TOKENS": "100"}, id="max-below-contract-default"),
+        pytest.param(
+            {"WORKER_MAX_NEW_TOKENS": "100", "WORKER_DEFAULT_MAX_NEW_TOKENS": "101"},
+            id="both-set",
+        ),
+    ],
+)
+def test_default_max_new_tokens_above_max(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    message = str(config_error(monkeypatch, **env))
+    assert "WORKER_DEFAULT_MAX_NEW_TOKENS" in message
+    assert "WORKER_MAX_NEW_TOKENS" in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param(f"http://guest:{PASSWORD}@localhost:5672/", id="wrong-scheme"),
+        pytest.param(f"guest:{PASSWORD}@localhost:5672/", id="no-scheme"),
+        pytest.param(f"amqp://guest:{PASSWORD}@[::1/", id="broken-ipv6"),
+        pytest.param(f"amqp//guest:{PASSWORD}@localhost/", id="missing-colon"),
+    ],
+)
+def test_amqp_password_is_never_echoed(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    error = config_error(monkeypatch, WORKER_AMQP_URL=url)
+    assert "WORKER_AMQP_URL" in str(error)
+    assert PASSWORD not in str(error)
+    assert PASSWORD not in repr(error)
+
+
+def test_redis_password_is_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    error = config_error(monkeypatch, WORKER_REDIS_URL=f"http://:{PASSWORD}@cache:6379/0")
+    assert "WORKER_REDIS_URL" in str(error)
+    assert PASSWORD not in str(error)
+
+
+def test_password_not_echoed_when_another_setting_is_bad(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    error = config_error(
+        monkeypatch,
+        WORKER_AMQP_URL=f"amqp://guest:{PASSWORD}@localhost:5672/",
+        WORKER_MAX_BATCH="zero",
+    )
+    assert "WORKER_MAX_BATCH" in str(error)
+    assert PASSWORD not in str(error)
+
+
+# --- redact_url -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        pytest.param(
+            "amqp://guest:guest@localhost:5672/", "amqp://guest:***@localhost:5672/", id="default"
+        ),
+        pytest.param(
+            f"amqps://worker:{PASSWORD}@broker.example:5671/vhost",
+            "amqps://worker:***@broker.example:5671/vhost",
+            id="amqps-vhost",
+        ),
+        pytest.param(
+            f"redis://:{PASSWORD}@cache:6379/0", "redis://:***@cache:6379/0", id="no-username"
+        ),
+        pytest.param(
+            f"amqp://u:{PASSWORD}@h/v?heartbeat=30#frag",
+            "amqp://u:***@h/v?heartbeat=30#frag",
+            id="query-fragment",
+        ),
+        pytest.param("amqp://u:p%40ss@h:5672/", "amqp://u:***@h:5672/", id="percent-encoded"),
+        pytest.param("amqp://u:@h/", "amqp://u:***@h/", id="empty-password"),
+        pytest.param(
+            f"amqp://u:{PASSWORD}@[::1]:5672/", "amqp://u:***@[::1]:5672/", id="ipv6-host"
+        ),
+        pytest.param(
+            f"amqp://u:{PASSWORD}@[2001:db8::7]/", "amqp://u:***@[2001:db8::7]/", id="ipv6-no-port"
+        ),
+        pytest.param("amqp://u@h:5672/", "amqp://u@h:5672/", id="username-only"),
+        pytest.param("amqp://localhost:5672/", "amqp://localhost:5672/", id="no-userinfo"),
+        pytest.param("unix:///run/redis.sock", "unix:///run/redis.sock", id="unix-socket"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    redacted = redact_url(url)
+    assert redacted == expected
+    original, parts = urlsplit(url), urlsplit(redacted)
+    if original.password is None:
+        assert parts.password is None
+    else:
+        assert parts.password == "***"
+        assert PASSWORD not in redacted
+    assert (parts.scheme, parts.hostname, parts.port, parts.username, parts.path) == (
+        original.scheme,
+        original.hostname,
+        original.port,
+        original.username,
+        original.path,
+    )
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        pytest.param("WORKER_MAX_BATCH", "zero", id="max_batch"),
+        pytest.param("WORKER_AMQP_URL", f"http://guest:{PASSWORD}@localhost/", id="amqp_url"),
+    ],
+)
+def test_command_exits_2_with_one_line(tmp_path: Path, variable: str, raw: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    source_root = str(Path(worker.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    env[variable] = raw
+    result = subprocess.run(
+        [sys.executable, "-m", "worker"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert variable in lines[0]
+    assert PASSWORD not in result.stderr + result.stdout
