@@ -18,7 +18,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from worker.config import Settings, redact_url
 from worker.errors import ConfigError, DeadlineExceeded, DeliveryLimitExceeded, HandBack, InvalidJob
@@ -196,6 +196,11 @@ class Consumer:
                 "job %s: Redis failed (%s); the job goes back to the queue", request_id, exc
             )
             return Outcome(Action.RETRY)
+        except Exception:
+            # A bug, not the job's fault as far as we know: requeue it counted, so a job
+            # that always triggers it ends in the dead-letter queue after the limit.
+            log.exception("job %s failed unexpectedly; it goes back to the queue", request_id)
+            return Outcome(Action.RETRY)
         if result.terminal is None:
             self._metrics.jobs.labels(outcome="skipped").inc()
             log.info("job %s already has a terminal entry; acknowledged", request_id)
@@ -223,9 +228,13 @@ class Consumer:
             )
 
     async def _store_error(self, request_id: str | None, code: str, text: str) -> None:
-        if request_id is not None:
-            key = self._settings.stream_prefix + request_id
+        if request_id is None:
+            return
+        key = self._settings.stream_prefix + request_id
+        try:
             await self._publisher.append_terminal(key, error_fields(code, text))
+        except ResponseError as exc:  # the key is not a stream: the dead letter says why
+            log.warning("cannot append the error entry of %s: %s", request_id, exc)
 
     async def _settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> None:
         """The one place that acknowledges, dead-letters or hands a message back."""

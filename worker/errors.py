@@ -33,6 +33,12 @@ class DeliveryLimitExceeded(InvalidJob):
     code = "internal_error"
 
 
+class StreamUnusable(InvalidJob):
+    """The request's stream key holds something Redis cannot append to (not a stream)."""
+
+    code = "internal_error"
+
+
 class DeadlineExceeded(WorkerError):
     """The job's deadline passed before it started: `error` entry, acknowledge."""
 

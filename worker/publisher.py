@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from worker.errors import StreamUnusable
 from worker.output import Fields
 
 log = logging.getLogger(__name__)
@@ -74,22 +75,30 @@ class Publisher:
 
     async def write(
         self, entries: Sequence[tuple[str, str, Fields]], expire: Sequence[str]
-    ) -> None:
+    ) -> dict[str, str]:
         """Store one batch in one round trip. An entry refused as 'equal or smaller'
-        was stored by an earlier try of the same batch and counts as written."""
+        was stored by an earlier try of the same batch and counts as written. Returns
+        the keys Redis refused for good (e.g. not a stream), with the reason; raises on
+        connection errors (the whole batch can then be retried)."""
         if not entries:
-            return
+            return {}
         pipe = self._redis.pipeline(transaction=False)
+        keys = []
         for key, seq_id, fields in entries:
             pipe.xadd(key, fields, id=seq_id)  # type: ignore[arg-type]
+            keys.append(key)
         for key in expire:
             pipe.expire(key, self._ttl_s)
+            keys.append(key)
         results = await pipe.execute(raise_on_error=False)
-        for result in results:
-            if isinstance(result, ResponseError) and "equal or smaller" not in str(result):
+        refused: dict[str, str] = {}
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, ResponseError):
+                if "equal or smaller" not in str(result):
+                    refused.setdefault(key, str(result))
+            elif isinstance(result, Exception):
                 raise result
-            if isinstance(result, Exception) and not isinstance(result, ResponseError):
-                raise result
+        return refused
 
     async def append_terminal(self, key: str, fields: Fields) -> bool:
         """Append a terminal entry to a stream no worker is writing. False if the
@@ -105,7 +114,10 @@ class Publisher:
         pipe = self._redis.pipeline(transaction=False)
         pipe.xrevrange(key, count=1)
         pipe.exists(cancel_key(key))
-        tail, cancelled = await pipe.execute()
+        try:
+            tail, cancelled = await pipe.execute()
+        except ResponseError as exc:
+            raise StreamUnusable(f"stream key {key!r} cannot be read: {exc}") from None
         state = StreamState(cancelled=bool(cancelled))
         if not tail:
             return state

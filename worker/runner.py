@@ -8,14 +8,18 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.config import Settings
 from worker.engine.base import EngineOutput, EngineRequest, FinishReason, Sampling
-from worker.errors import DeadlineExceeded, HandBack
+from worker.errors import DeadlineExceeded, HandBack, StreamUnusable
 from worker.inputs import TOKENIZE_IN_THREAD_CHARS, PreparedInput, prepare_input
 from worker.looper import Looper
 from worker.metrics import Metrics
@@ -27,6 +31,7 @@ from worker.tokenizer import TokenizerInfo
 log = logging.getLogger(__name__)
 
 _RETRY_MAX_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class JobRunner:
         self._looper: Looper | None = None
         self.engine_error: BaseException | None = None
         self.redis_healthy = True
+        self._stopping = False
 
     def attach(self, looper: Looper) -> None:
         self._looper = looper
@@ -101,16 +107,18 @@ class JobRunner:
             batch = self._processor.process(outputs)
             for engine_id in batch.aborts:
                 self._cancel_engine(engine_id)
-            await self._store(batch)
+            refused = await self._store(batch)
+            if refused:
+                self._fail_refused(refused, batch)
             self._settle(batch)
 
-    async def _store(self, batch: ProcessedBatch) -> None:
+    async def _store(self, batch: ProcessedBatch) -> dict[str, str]:
         expire = [state.key for state, _ in batch.finished]
         delay = 0.05
         while True:
             started = time.perf_counter()
             try:
-                await self._publisher.write(batch.entries, expire)
+                refused = await self._publisher.write(batch.entries, expire)
             except (RedisError, OSError) as exc:
                 self.redis_healthy = False
                 log.warning("storing %d entries failed (%s); retrying", len(batch.entries), exc)
@@ -119,7 +127,25 @@ class JobRunner:
                 continue
             self.redis_healthy = True
             self._metrics.publish_latency.observe(time.perf_counter() - started)
-            return
+            return refused
+
+    def _fail_refused(self, refused: dict[str, str], batch: ProcessedBatch) -> None:
+        """Requests whose stream Redis refuses for good (the key holds another type)
+        stop here; their jobs are dead-lettered with the reason."""
+        states = [s for s in self._running.values() if s.key in refused]
+        states += [s for s, _ in batch.finished if s.key in refused]
+        for state in states:
+            log.error("request %s: stream refused: %s", state.request_id, refused[state.key])
+            self._running.pop(state.request_id, None)
+            if self._processor.remove(state.engine_id) is not None:
+                self._cancel_engine(state.engine_id)
+            if state.done is not None and not state.done.done():
+                state.done.set_exception(
+                    StreamUnusable(
+                        f"stream key {state.key!r} cannot be written: {refused[state.key]}",
+                        request_id=state.request_id,
+                    )
+                )
 
     def _settle(self, batch: ProcessedBatch) -> None:
         now = time.monotonic()
@@ -149,9 +175,24 @@ class JobRunner:
             del self._active[job.request_id]
             finished.set_result(None)
 
+    async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A Redis call retried while Redis is unreachable: the job stays in hand rather
+        than bouncing through the queue (which would count as a failed delivery)."""
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self._stopping:
+                    raise HandBack("Redis is unreachable and the worker is stopping") from exc
+                self.redis_healthy = False
+                log.warning("Redis is unreachable (%s); retrying", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+
     async def _run(self, job: Job, received_at: float) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
-        stream = await self._publisher.read_start(key)
+        stream = await self._redis(lambda: self._publisher.read_start(key))
         if stream.terminal:
             return JobResult(None)
         prepared = await self._prepare(job)
@@ -213,7 +254,7 @@ class JobRunner:
 
     async def _end_now(self, state: RequestState, finish: FinishReason) -> JobResult:
         terminal = Terminal(state.done_fields(finish), state.next_index)
-        await self._publisher.append_terminal(state.key, terminal.fields)
+        await self._redis(lambda: self._publisher.append_terminal(state.key, terminal.fields))
         return JobResult(terminal)
 
     async def _submit(
@@ -291,6 +332,7 @@ class JobRunner:
     def hand_back_all(self, reason: str) -> int:
         """Stop writing for every running request and let its job go back to the queue
         (drain timeout). Returns how many were handed back."""
+        self._stopping = True
         states = list(self._running.values())
         for state in states:
             self._processor.remove(state.engine_id)

@@ -141,3 +141,21 @@ async def test_message_delivered_too_often_is_dead_lettered(
     assert entries[0]["event"] == "error"
     assert "delivered 3 times" in entries[0]["message"]
     assert dead.headers["x-error-code"] == entries[0]["code"]
+
+
+async def test_stream_key_of_another_type_dead_letters_the_job(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    request_id, after = rid(), rid()
+    await subscriber.redis.set(subscriber.key(request_id), "not a stream")
+    async with run_worker():
+        await producer.publish({"request_id": request_id, "inputs": "hi"})
+        dead = await producer.get_dead()
+        await producer.publish(
+            {"request_id": after, "inputs": "ok", "parameters": {"max_new_tokens": 2}}
+        )
+        entries = await subscriber.read_until_terminal(after)
+    assert dead.headers["x-error-code"] == "internal_error"
+    assert "WRONGTYPE" in str(dead.headers["x-error-message"])
+    assert terminal(entries)["generated_text"] == "ok"
+    assert await subscriber.redis.get(subscriber.key(request_id)) == "not a stream"
