@@ -69,6 +69,7 @@ class Looper:
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._in_flight: set[int] = set()
         self._unconsumed = threading.BoundedSemaphore(MAX_UNCONSUMED_BATCHES)
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-looper", daemon=True)
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
@@ -101,6 +102,7 @@ class Looper:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread, then shut the engine down (on the thread, which owns it)."""
+        self._stopping.set()
         self._commands.put(_Stop())
         self._engine.wake()
         self._thread.join(timeout)
@@ -148,6 +150,8 @@ class Looper:
                 self._in_flight.discard(output.id)
         while not self._unconsumed.acquire(timeout=IDLE_TIMEOUT_S):
             self.heartbeat = time.monotonic()
+            if self._stopping.is_set():  # nobody will consume it: drop it and stop
+                return
         self._loop.call_soon_threadsafe(self._on_outputs, outputs)
 
     def _shutdown_engine(self) -> None:

@@ -361,11 +361,6 @@ def test_wait_before_the_next_step_is_due_returns_nothing() -> None:
     assert waited >= step_s / 2
 
 
-@pytest.mark.xfail(
-    reason="bug in EchoEngine.wait: after an idle spell the first two steps run back to back "
-    "(_next_step = max(_next_step + step_s, now) lands in the past)",
-    strict=True,
-)
 def test_steps_are_step_s_apart_even_right_after_an_idle_period() -> None:
     """After the engine sat idle for longer than a step, the second step must still wait
     for its turn instead of following the first one at once."""

@@ -349,3 +349,23 @@ async def test_unconsumed_batches_hold_the_thread_back_until_consumed(
 
     assert sink.tokens(1) == echo([1, 2, 3], 10)
     assert sink.finals[1] == 1
+
+
+async def test_stop_while_the_event_loop_is_not_consuming_still_stops(
+    start_looper: StartLooper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker.looper, "IDLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(worker.looper, "MAX_UNCONSUMED_BATCHES", 2)
+    sink = Sink(auto_consume=False)  # as when the pump task was cancelled before stop()
+    engine = RecordingEngine(EchoEngine(capacity=4, step_s=0))
+    looper = start_looper(engine, sink)
+    looper.submit(EngineRequest(1, [1, 2, 3], max_new_tokens=100))
+    await sink.until(lambda: len(sink.batches) == 2)
+
+    try:
+        await asyncio.to_thread(looper.stop, 1.0)
+
+        assert not looper.alive
+        assert engine.shutdown_threads == ["engine-looper"]
+    finally:
+        sink.consume()  # lets a stuck thread see the stop, so that the test ends cleanly

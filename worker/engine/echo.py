@@ -70,7 +70,7 @@ class EchoEngine:
                 self._wakeup.clear()
             if time.monotonic() < self._next_step:
                 return self._admit_cancelled()
-        self._next_step = max(self._next_step + self._step_s, time.monotonic())
+        self._next_step = max(self._next_step, time.monotonic()) + self._step_s
         return self._step()
 
     def _admit_cancelled(self) -> list[EngineOutput]:
