@@ -26,6 +26,7 @@ class Settings(BaseSettings):
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
+        env_ignore_empty=True,
         frozen=True,
     )
 
@@ -87,6 +88,10 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     parts = urlsplit(value)
     if parts.scheme not in schemes:
         raise ValueError(f"scheme must be one of {', '.join(schemes)}")
+    try:
+        parts.port  # noqa: B018  (urlsplit checks the port only when asked)
+    except ValueError:
+        raise ValueError("the port is not a number in 0..65535") from None
     return value
 
 
@@ -95,10 +100,8 @@ def redact_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 

@@ -43,9 +43,10 @@ def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> Pre
     if params.truncate is not None and len(ids) > params.truncate:
         ids = ids[-params.truncate :]
     if len(ids) > settings.max_input_tokens:
+        field = "input_ids" if job.input_ids is not None else "inputs"
         hint = "" if params.truncate is not None else "; set parameters.truncate to keep the end"
         raise InputTooLong(
-            f"inputs: {len(ids)} tokens, the limit is {settings.max_input_tokens}{hint}",
+            f"{field}: {len(ids)} tokens, the limit is {settings.max_input_tokens}{hint}",
             request_id=job.request_id,
         )
     # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the

@@ -20,6 +20,9 @@ MAX_STOP_SEQUENCES = 8
 MAX_STOP_CHARS = 256
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
+_RFC3339_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
 ACCEPTED_CONTENT_TYPES = frozenset({"application/json"})
 
 
@@ -78,8 +81,10 @@ class Job(BaseModel):
             return None
         if not isinstance(value, str):
             raise ValueError("must be an RFC 3339 time string")
+        if not _RFC3339_RE.fullmatch(value):
+            raise ValueError("must be an RFC 3339 time with offset, e.g. 2030-01-02T03:04:05Z")
         try:
-            parsed = datetime.fromisoformat(value)
+            parsed = datetime.fromisoformat(value.upper())
         except ValueError:
             raise ValueError("must be an RFC 3339 time with offset") from None
         if parsed.tzinfo is None:

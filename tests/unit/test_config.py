@@ -186,7 +186,6 @@ def test_default_max_new_tokens_may_equal_max(monkeypatch: pytest.MonkeyPatch) -
         pytest.param("WORKER_MAX_BATCH", "0", id="max_batch-0"),
         pytest.param("WORKER_MAX_BATCH", "-1", id="max_batch-negative"),
         pytest.param("WORKER_MAX_BATCH", "1.5", id="max_batch-float"),
-        pytest.param("WORKER_MAX_BATCH", "", id="max_batch-empty"),
         pytest.param("WORKER_STREAM_TTL_S", "0", id="stream_ttl_s-0"),
         pytest.param("WORKER_STREAM_TTL_S", "1h", id="stream_ttl_s-unit"),
         pytest.param("WORKER_MAX_INPUT_TOKENS", "0", id="max_input_tokens-0"),
@@ -202,18 +201,13 @@ def test_default_max_new_tokens_may_equal_max(monkeypatch: pytest.MonkeyPatch) -
         pytest.param("WORKER_DRAIN_TIMEOUT_S", "-1", id="drain_timeout_s-negative"),
         pytest.param("WORKER_DRAIN_TIMEOUT_S", "30s", id="drain_timeout_s-unit"),
         pytest.param("WORKER_ENGINE", "vllm", id="engine-unknown"),
-        pytest.param("WORKER_ENGINE", "", id="engine-empty"),
         pytest.param("WORKER_ENGINE", "tensorrt", id="engine-near-miss"),
         pytest.param("WORKER_QUEUE_TYPE", "stream", id="queue_type-stream"),
         pytest.param("WORKER_QUEUE_TYPE", "durable", id="queue_type-unknown"),
-        pytest.param("WORKER_QUEUE", "", id="queue-empty"),
         pytest.param("WORKER_QUEUE", "my queue", id="queue-space"),
-        pytest.param("WORKER_STREAM_PREFIX", "", id="stream_prefix-empty"),
-        pytest.param("WORKER_EOS_TOKEN", "", id="eos_token-empty"),
         pytest.param("WORKER_AMQP_URL", "http://localhost:5672/", id="amqp-http"),
         pytest.param("WORKER_AMQP_URL", "redis://localhost:6379/0", id="amqp-redis-scheme"),
         pytest.param("WORKER_AMQP_URL", "localhost:5672", id="amqp-no-scheme"),
-        pytest.param("WORKER_AMQP_URL", "", id="amqp-empty"),
         pytest.param("WORKER_REDIS_URL", "amqp://localhost/", id="redis-amqp-scheme"),
         pytest.param("WORKER_REDIS_URL", "localhost:6379", id="redis-no-scheme"),
     ],
@@ -303,10 +297,14 @@ def test_password_not_echoed_when_another_setting_is_bad(
         pytest.param("amqp://u:p%40ss@h:5672/", "amqp://u:***@h:5672/", id="percent-encoded"),
         pytest.param("amqp://u:@h/", "amqp://u:***@h/", id="empty-password"),
         pytest.param(
-            f"amqp://u:{PASSWORD}@[::1]:5672/", "amqp://u:***@[::1]:5672/", id="ipv6-host"
+            f"amqp://u:{PASSWORD}@[::1]:5672/",
+            "amqp://u:***@[::1]:5672/",
+            id="ipv6-host",
         ),
         pytest.param(
-            f"amqp://u:{PASSWORD}@[2001:db8::7]/", "amqp://u:***@[2001:db8::7]/", id="ipv6-no-port"
+            f"amqp://u:{PASSWORD}@[2001:db8::7]/",
+            "amqp://u:***@[2001:db8::7]/",
+            id="ipv6-no-port",
         ),
         pytest.param("amqp://u@h:5672/", "amqp://u@h:5672/", id="username-only"),
         pytest.param("amqp://localhost:5672/", "amqp://localhost:5672/", id="no-userinfo"),
@@ -361,3 +359,25 @@ def test_command_exits_2_with_one_line(tmp_path: Path, variable: str, raw: str) 
     assert len(lines) == 1, result.stderr
     assert variable in lines[0]
     assert PASSWORD not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "WORKER_MAX_BATCH",
+        "WORKER_ENGINE",
+        "WORKER_QUEUE",
+        "WORKER_TOKENIZER",
+        "WORKER_EOS_TOKEN",
+        "WORKER_AMQP_URL",
+    ],
+)
+def test_empty_variable_means_unset(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`WORKER_TOKENIZER=` in a .env file or a manifest means "not set": the default."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, "")
+    settings = load_settings()
+    field = name.removeprefix("WORKER_").lower()
+    assert getattr(settings, field) == Settings.model_fields[field].default

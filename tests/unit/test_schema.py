@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -530,7 +530,7 @@ def test_unknown_field(fields: dict[str, object], named: str) -> None:
     [
         pytest.param(
             "2030-01-02T03:04:05Z",
-            datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+            datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
             id="zulu",
         ),
         pytest.param(
@@ -545,17 +545,17 @@ def test_unknown_field(fields: dict[str, object], named: str) -> None:
         ),
         pytest.param(
             "2030-01-02T03:04:05+00:00",
-            datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+            datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
             id="zero-offset",
         ),
         pytest.param(
             "2030-01-02T03:04:05.250Z",
-            datetime(2030, 1, 2, 3, 4, 5, 250_000, tzinfo=timezone.utc),
+            datetime(2030, 1, 2, 3, 4, 5, 250_000, tzinfo=UTC),
             id="fraction",
         ),
         pytest.param(
             "2030-01-02t03:04:05z",
-            datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc),
+            datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC),
             id="lowercase-t-z",  # RFC 3339 §5.6 allows lower case "t" and "z"
         ),
     ],
@@ -739,6 +739,7 @@ def test_body_one_byte_over_limit() -> None:
 @pytest.mark.parametrize("message_id", [None, "amqp-42"])
 def test_body_not_json(body: bytes, message_id: str | None) -> None:
     error = rejected(body, message_id=message_id)
+    assert "body" in error.message
     assert "JSON" in error.message
     assert len(error.message) < 500
     assert error.request_id == message_id
