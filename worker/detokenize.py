@@ -21,6 +21,11 @@ PRIME_TOKENS = 16
 rules, few enough that priming costs nothing."""
 
 _FLUSH_CONTEXT = 4
+_MAX_CHAR_TOKENS = 4  # a UTF-8 character is at most 4 bytes, so at most 4 byte tokens
+
+
+def _invalid_prefix(exc: Exception) -> bool:
+    return str(exc).startswith("Invalid prefix encountered")
 
 
 class IncrementalDetokenizer:
@@ -30,10 +35,25 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
-        context = list(prompt_ids[-PRIME_TOKENS:])
+        context = self._whole_characters(prompt_ids[-PRIME_TOKENS:])
         self._stream = DecodeStream(ids=context, skip_special_tokens=False)
         self._recent: deque[int] = deque(context[-_FLUSH_CONTEXT:], maxlen=_FLUSH_CONTEXT)
         self._pending: list[int] = []
+
+    def _whole_characters(self, ids: Sequence[int]) -> list[int]:
+        """`ids` without trailing ids that end inside a character: a context whose text
+        ends in U+FFFD would leak into the first released text."""
+        context = list(ids)
+        for _ in range(_MAX_CHAR_TOKENS):
+            if not context:
+                break
+            if not self._tokenizer.decode(context, skip_special_tokens=False).endswith("\ufffd"):
+                return context
+            context.pop()
+        return [] if not context or self._ends_unfinished(context) else context
+
+    def _ends_unfinished(self, ids: Sequence[int]) -> bool:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False).endswith("\ufffd")
 
     def step(self, token_id: int) -> str:
         try:
@@ -44,9 +64,12 @@ class IncrementalDetokenizer:
         except Exception as exc:
             # tokenizers raises a plain Exception when the stream's prefix no longer
             # decodes as it did (vllm-project/vllm#17448): restart from recent context.
-            if not str(exc).startswith("Invalid prefix encountered"):
+            if not _invalid_prefix(exc):
                 raise
-            text = self._restart(token_id)
+            return self._restart(token_id)
+        return self._account(token_id, text)
+
+    def _account(self, token_id: int, text: str | None) -> str:
         if text is None:
             self._pending.append(token_id)
             return ""
@@ -55,12 +78,25 @@ class IncrementalDetokenizer:
         self._pending.clear()
         return text
 
-    def _restart(self, token_id: int) -> str | None:
-        self._stream = DecodeStream(ids=list(self._recent), skip_special_tokens=False)
-        text: str | None = None
-        for pending_id in [*self._pending, token_id]:
-            text = self._stream.step(self._tokenizer, pending_id)
-        return text
+    def _restart(self, token_id: int) -> str:
+        """Feed the unreleased ids to a fresh stream: primed with recent context, else
+        with none, else (never seen, but never fatal) decode them in one piece."""
+        ids = [*self._pending, token_id]
+        self._pending = []
+        for context in (self._whole_characters(self._recent), []):
+            stream = DecodeStream(ids=context, skip_special_tokens=False)
+            try:
+                texts = [stream.step(self._tokenizer, i) for i in ids]
+            except Exception as exc:
+                if not _invalid_prefix(exc):
+                    raise
+                continue
+            self._stream = stream
+            return "".join(self._account(i, text) for i, text in zip(ids, texts, strict=True))
+        log.warning("decoder restart failed twice; decoding %d ids in one piece", len(ids))
+        self._stream = DecodeStream(ids=[], skip_special_tokens=False)
+        self._recent.extend(ids)
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def flush(self) -> str:
         """At finish: the text of trailing ids that never formed a whole character,
@@ -68,7 +104,7 @@ class IncrementalDetokenizer:
         if not self._pending:
             return ""
         pending, self._pending = self._pending, []
-        context = list(self._recent)
+        context = self._whole_characters(self._recent)
         base = self._tokenizer.decode(context, skip_special_tokens=False)
         full = self._tokenizer.decode([*context, *pending], skip_special_tokens=False)
         if full.startswith(base):

@@ -5,6 +5,7 @@ engine. `OutputProcessor.process` is the only loop over engine outputs."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ from tokenizers import Tokenizer
 
 from worker.detokenize import IncrementalDetokenizer, StopGate
 from worker.engine.base import EngineOutput, FinishReason
+
+log = logging.getLogger(__name__)
 
 Fields = dict[str, str | int | float]
 
@@ -172,7 +175,16 @@ class OutputProcessor:
             if output.error is not None:
                 self._finish(state, error_fields("engine_error", output.error), batch)
                 continue
-            self._tokens(state, output, batch)
+            try:
+                self._tokens(state, output, batch)
+            except Exception as exc:
+                # One request's bad output (a decoder failure) must not stop the others.
+                log.exception("request %s: processing its output failed", state.request_id)
+                if output.id not in self._states:
+                    continue
+                if output.finish is None:
+                    batch.aborts.append(state.engine_id)
+                self._finish(state, error_fields("internal_error", f"output failed: {exc}"), batch)
         return batch
 
     def _tokens(self, state: RequestState, output: EngineOutput, batch: ProcessedBatch) -> None:

@@ -244,6 +244,9 @@ class JobRunner:
             log.warning(
                 "request %s: replayed text differs from the stored stream", state.request_id
             )
+        # What was published is the truth: `generated_text` must equal its concatenation
+        # (the last stored token may have carried a final flush that replay holds back).
+        state.texts = list(stream.texts)
         if finish is not None:
             return finish
         if stream.token_ids[-1] in state.eos_ids:

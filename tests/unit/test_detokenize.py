@@ -268,11 +268,6 @@ def test_unfinished_character_completed_later_is_released_whole(
     assert detok.flush() == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: DecodeStream primed with ids whose decode ends in U+FFFD re-emits the "
-    "primed prompt text with the first delta",
-)
 @pytest.mark.parametrize(
     "prompt_tail",
     [
@@ -305,11 +300,6 @@ def test_invalid_byte_sequence_with_byte_fallback_is_published_as_replacement(
     assert "".join(steps) + flushed == _expected_suffix(tokenizer, prompt, ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=Exception,
-    reason="bug: 'Invalid prefix encountered' raised again inside _restart escapes step()",
-)
 def test_invalid_prefix_after_released_byte_token_does_not_raise(
     metaspace_tokenizer: Tokenizer,
 ) -> None:
