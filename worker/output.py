@@ -161,9 +161,6 @@ class OutputProcessor:
     def remove(self, engine_id: int) -> RequestState | None:
         return self._states.pop(engine_id, None)
 
-    def states(self) -> list[RequestState]:
-        return list(self._states.values())
-
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
         """Turn outputs into entries. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""

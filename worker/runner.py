@@ -84,13 +84,11 @@ class JobRunner:
         self._inbox_ready.set()
 
     def on_engine_death(self, exc: BaseException) -> None:
-        """Every request in the engine ends with `engine_error`, through the pump."""
+        """The engine is gone: its requests are not at fault, so their jobs go back to
+        the queue and another worker continues their streams from the stored tokens."""
         self.engine_error = exc
-        reason = f"engine died: {type(exc).__name__}: {exc}"
-        self._inbox.extend(
-            EngineOutput(state.engine_id, [], error=reason) for state in self._processor.states()
-        )
-        self._inbox_ready.set()
+        count = self.hand_back_all(f"the engine died: {type(exc).__name__}: {exc}")
+        log.error("engine died: %d running jobs handed back", count)
 
     # -- the pump ---------------------------------------------------------------------
 

@@ -167,7 +167,7 @@ class Service:
         return ok
 
     def _on_engine_death(self, exc: BaseException) -> None:
-        log.error("the engine died (%s): failing in-flight requests and stopping", exc)
+        log.error("the engine died (%s): handing running jobs back and stopping", exc)
         if self._runner is not None:
             self._runner.on_engine_death(exc)
         self._stopped.set()
