@@ -51,6 +51,20 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
+    # TensorRT-LLM engines (ignored by echo)
+    model: Path | None = None
+    engine_dir: Path | None = None
+    tensor_parallel_size: PositiveInt = 1
+    max_num_tokens: PositiveInt | None = None
+    max_seq_len: PositiveInt | None = None
+    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
+    kv_cache_block_reuse: bool = True
+    llm_extra_options: Path | None = None
+    scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    executor_worker_path: Path | None = None
+    engine_start_timeout_s: Annotated[float, Field(gt=0)] = 1800
+    engine_stats_interval_s: Annotated[float, Field(gt=0)] = 5
+
     @field_validator("amqp_url")
     @classmethod
     def _amqp_scheme(cls, value: str) -> str:
@@ -75,6 +89,33 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _engine_has_its_model(self) -> Settings:
+        if self.engine == "trtllm" and self.model is None:
+            raise _SettingError("model", "required with WORKER_ENGINE=trtllm (an HF checkpoint)")
+        if self.engine == "trtllm-executor":
+            if self.engine_dir is None:
+                raise _SettingError("engine_dir", "required with WORKER_ENGINE=trtllm-executor")
+            if self.tokenizer is None:
+                raise _SettingError(
+                    "tokenizer",
+                    "required with WORKER_ENGINE=trtllm-executor (the model's "
+                    "tokenizer.json or its folder)",
+                )
+        return self
+
+    @property
+    def tokenizer_source(self) -> Path | None:
+        """Where the tokenizer comes from: the setting, else the LLM API's model folder
+        (an HF checkpoint holds its tokenizer), else the built-in tokenizer (None)."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return self.model if self.engine == "trtllm" else None
+
+    @property
+    def effective_max_seq_len(self) -> int:
+        return self.max_seq_len or self.max_input_tokens + self.max_new_tokens
+
     @property
     def cancel_exchange(self) -> str:
         return f"{self.queue}.cancel"
@@ -82,6 +123,14 @@ class Settings(BaseSettings):
     @property
     def dead_queue(self) -> str:
         return f"{self.queue}.dead"
+
+
+class _SettingError(ValueError):
+    """A cross-field error that belongs to one variable."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def _check_url(value: str, schemes: tuple[str, ...]) -> str:
@@ -113,6 +162,9 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = first.get("loc", ())
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _SettingError):
+            loc = (cause.field,)
         name = ENV_PREFIX + str(loc[0]).upper() if loc else "settings"
         message = str(first.get("msg", "invalid value"))
         message = message.removeprefix("Value error, ")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.engine.base import Engine, EngineOutput, EngineRequest
+from worker.engine.base import Engine, EngineOutput, EngineRequest, EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class Looper:
         loop: asyncio.AbstractEventLoop,
         on_outputs: OutputSink,
         on_death: DeathSink,
+        stats_interval_s: float = 5.0,
     ) -> None:
         self._engine = engine
         self._loop = loop
@@ -73,6 +74,9 @@ class Looper:
         self._thread = threading.Thread(target=self._run, name="engine-looper", daemon=True)
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
+        self.stats = EngineStats()
+        self._stats_interval_s = stats_interval_s
+        self._stats_due = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -114,7 +118,10 @@ class Looper:
             while self._drain_commands():
                 if self._in_flight:
                     self._deliver(self._engine.wait(BUSY_TIMEOUT_S))
-                self.heartbeat = time.monotonic()
+                self.heartbeat = now = time.monotonic()
+                if now >= self._stats_due:
+                    self._stats_due = now + self._stats_interval_s
+                    self._sample_stats()
         except BaseException as exc:
             self.error = exc
             log.exception("engine loop died")
@@ -153,6 +160,13 @@ class Looper:
             if self._stopping.is_set():  # nobody will consume it: drop it and stop
                 return
         self._loop.call_soon_threadsafe(self._on_outputs, outputs)
+
+    def _sample_stats(self) -> None:
+        """Engine statistics, read on this thread (the engine's owner) for /metrics."""
+        try:
+            self.stats = self._engine.stats()
+        except Exception as exc:  # statistics are optional: never let them stop the engine
+            log.warning("reading engine statistics failed: %s", exc)
 
     def _shutdown_engine(self) -> None:
         try:

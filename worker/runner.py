@@ -289,6 +289,7 @@ class JobRunner:
             ),
             return_logprobs=params.return_logprobs,
             resumed_tokens=resumed,
+            deadline=None if job.deadline is None else job.deadline.timestamp(),
         )
         loop = asyncio.get_running_loop()
         state.done = loop.create_future()

@@ -14,10 +14,10 @@ from redis.exceptions import RedisError
 
 from worker.config import Settings, redact_url
 from worker.consumer import Consumer
-from worker.engine import create_engine
+from worker.engine import engine_factory, start_engine
 from worker.http import ProbeServer
 from worker.looper import Looper
-from worker.metrics import Metrics
+from worker.metrics import EngineStatsCollector, Metrics
 from worker.publisher import Publisher
 from worker.runner import JobRunner
 from worker.tokenizer import load_tokenizer
@@ -52,20 +52,30 @@ class Service:
 
     async def start(self) -> None:
         settings = self.settings
-        tokenizer = load_tokenizer(settings.tokenizer, settings.eos_token)
+        tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
         log.info(
             "tokenizer: %s, vocabulary %d, EOS ids %s",
             tokenizer.source,
             tokenizer.vocab_size,
             sorted(tokenizer.eos_ids) or "none",
         )
-        engine = create_engine(settings)
+        factory = engine_factory(settings, tokenizer)
+        log.info("starting the %s engine", settings.engine)
+        engine = await start_engine(factory, settings.engine_start_timeout_s)
         self.metrics.capacity.set(engine.capacity)
         self._publisher = Publisher.from_url(settings.redis_url, ttl_s=settings.stream_ttl_s)
         runner = JobRunner(settings, tokenizer, self._publisher, self.metrics)
         self._runner = runner
         loop = asyncio.get_running_loop()
-        self._looper = Looper(engine, loop, runner.on_outputs, self._on_engine_death)
+        self._looper = Looper(
+            engine,
+            loop,
+            runner.on_outputs,
+            self._on_engine_death,
+            stats_interval_s=settings.engine_stats_interval_s,
+        )
+        looper = self._looper
+        self.metrics.registry.register(EngineStatsCollector(lambda: looper.stats))
         runner.attach(self._looper)
         self._looper.start()
         self._tasks.append(asyncio.create_task(runner.pump(), name="pump"))

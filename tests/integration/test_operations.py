@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Callable
 
 import pytest
 
-from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
+from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from worker.config import Settings
-from worker.engine.base import Engine, EngineOutput
+from worker.engine.base import Engine, EngineOutput, EngineStats
 from worker.engine.echo import EchoEngine
 
 
@@ -122,6 +123,9 @@ class FailingEngine:
     def wake(self) -> None:
         self.inner.wake()
 
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
     def shutdown(self) -> None:
         self.inner.shutdown()
 
@@ -135,12 +139,15 @@ async def test_engine_death_hands_jobs_back_and_turns_unready(
 ) -> None:
     engines: list[FailingEngine] = []
 
-    def create(settings: Settings) -> Engine:
-        engine = FailingEngine(EchoEngine(capacity=settings.max_batch, step_s=0.01))
-        engines.append(engine)
-        return engine
+    def factory(settings: Settings, tokenizer: object) -> Callable[[], Engine]:
+        def create() -> Engine:
+            engine = FailingEngine(EchoEngine(capacity=settings.max_batch, step_s=0.01))
+            engines.append(engine)
+            return engine
 
-    monkeypatch.setattr("worker.service.create_engine", create)
+        return create
+
+    monkeypatch.setattr("worker.service.engine_factory", factory)
     ids = [rid(), rid()]
     async with run_worker() as service:
         for request_id in ids:

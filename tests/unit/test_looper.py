@@ -13,7 +13,7 @@ from typing import Protocol
 import pytest
 
 import worker.looper
-from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason
+from worker.engine.base import Engine, EngineOutput, EngineRequest, EngineStats, FinishReason
 from worker.engine.echo import EchoEngine
 from worker.looper import Looper
 
@@ -131,6 +131,9 @@ class RecordingEngine:
 
     def wake(self) -> None:
         self.inner.wake()
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
 
     def shutdown(self) -> None:
         self._record("shutdown")

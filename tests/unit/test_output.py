@@ -231,7 +231,8 @@ def test_several_requests_in_one_batch(byte_tokenizer: Tokenizer, bpe_tokenizer:
         expected = _suffix(tokenizer, tokenizer.encode(prompt).ids, ids)
         assert "".join(_texts(batch.entries, state.key)) == expected
     assert {state.engine_id for state, _ in batch.finished} == {1, 3}
-    assert processor.states() == [two]
+    assert len(processor) == 1
+    assert processor.remove(two.engine_id) is two
     for state in (one, three):
         terminal_id, done = _terminal(batch.entries, state.key)
         assert terminal_id == entry_id(state.next_index + 1)

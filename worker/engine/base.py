@@ -52,6 +52,9 @@ class EngineRequest:
     sampling: Sampling = field(default_factory=Sampling)
     return_logprobs: bool = False
     resumed_tokens: int = 0
+    deadline: float | None = None
+    """Wall-clock time (`time.time()`) after which the engine may stop the request with
+    `FinishReason.DEADLINE`; the worker also aborts it then."""
 
 
 @dataclass(slots=True)
@@ -71,6 +74,17 @@ class EngineOutput:
         return self.finish is not None or self.error is not None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine reports about itself (None: it does not know)."""
+
+    active_requests: int | None = None
+    queued_requests: int | None = None
+    step_time_s: float | None = None
+    kv_cache_used_blocks: int | None = None
+    kv_cache_max_blocks: int | None = None
+
+
 class Engine(Protocol):
     """What the looper drives. `wait` blocks for at most `timeout` seconds, releasing the
     GIL, and returns what is ready (possibly nothing)."""
@@ -85,5 +99,7 @@ class Engine(Protocol):
     def wait(self, timeout: float) -> list[EngineOutput]: ...
 
     def wake(self) -> None: ...
+
+    def stats(self) -> EngineStats: ...
 
     def shutdown(self) -> None: ...

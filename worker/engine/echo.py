@@ -9,7 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine.base import EngineOutput, EngineRequest, FinishReason
+from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
 
 
 @dataclass(slots=True)
@@ -49,6 +49,13 @@ class EchoEngine:
 
     def wake(self) -> None:
         self._wakeup.set()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            active_requests=len(self._running),
+            queued_requests=len(self._waiting),
+            step_time_s=self._step_s,
+        )
 
     def shutdown(self) -> None:
         self._closed = True
@@ -93,8 +100,9 @@ class EchoEngine:
                 request, request.prompt_ids[:n_source], request.resumed_tokens
             )
         finished = []
+        now = time.time()
         for request_id, running in self._running.items():
-            output = self._advance(running)
+            output = self._advance(running, now)
             outputs.append(output)
             if output.finish is not None:
                 finished.append(request_id)
@@ -103,10 +111,12 @@ class EchoEngine:
         return outputs
 
     @staticmethod
-    def _advance(running: _Running) -> EngineOutput:
+    def _advance(running: _Running, now: float) -> EngineOutput:
         request = running.request
         if running.cancelled:
             return EngineOutput(request.id, [], finish=FinishReason.CANCELLED)
+        if request.deadline is not None and now >= request.deadline:
+            return EngineOutput(request.id, [], finish=FinishReason.DEADLINE)
         token = running.source[running.generated % len(running.source)]
         running.generated += 1
         produced = running.generated - request.resumed_tokens

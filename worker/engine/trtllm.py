@@ -1,0 +1,268 @@
+"""TensorRT-LLM's LLM API (PyTorch backend, HF checkpoint) behind the engine interface.
+
+Only this module and `trtllm_executor.py` import `tensorrt_llm`, and only when the engine
+is chosen. Token ids in and out: the worker tokenizes, detokenizes and matches stop
+strings itself (`skip_tokenizer_init=True`, `detokenize=False`).
+
+Threading: `generate_async` binds each result to the event loop running in the calling
+thread (tensorrt_llm/executor/result.py). This engine therefore keeps a private event loop
+that runs only inside `wait`, on the looper thread that owns the engine: requests are
+submitted and aborted from inside it, and their streams are read by tasks on it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import tensorrt_llm
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.llmapi import KvCacheConfig
+
+from worker.config import Settings
+from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.errors import ConfigError
+from worker.tokenizer import TokenizerInfo
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = {
+    "stop": FinishReason.EOS_TOKEN,  # end_id or one of our stop_token_ids (all EOS ids)
+    "length": FinishReason.LENGTH,
+    "timeout": FinishReason.DEADLINE,
+    "cancelled": FinishReason.CANCELLED,
+}
+
+
+def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
+    """Load the model (minutes for a large one) and wrap it."""
+    assert settings.model is not None  # the settings validator requires it
+    kwargs: dict[str, Any] = {
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "max_batch_size": settings.max_batch,
+        "max_seq_len": settings.effective_max_seq_len,
+        "kv_cache_config": KvCacheConfig(
+            free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+            enable_block_reuse=settings.kv_cache_block_reuse,
+        ),
+        "enable_iter_perf_stats": True,
+    }
+    if settings.max_num_tokens is not None:
+        kwargs["max_num_tokens"] = settings.max_num_tokens
+    kwargs.update(read_extra_options(settings.llm_extra_options))
+    log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
+    llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
+    return LlmApiEngine(llm, capacity=settings.max_batch)
+
+
+def read_extra_options(path: Path | None) -> dict[str, Any]:
+    """Extra `LLM(...)` arguments from a YAML or JSON file, as trtllm-serve's
+    `--extra_llm_api_options` takes them; they override the worker's own."""
+    if path is None:
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml  # a dependency of tensorrt_llm
+
+            data = yaml.safe_load(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"invalid setting WORKER_LLM_EXTRA_OPTIONS: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("invalid setting WORKER_LLM_EXTRA_OPTIONS: the file must hold a mapping")
+    return data
+
+
+def sampling_params(request: EngineRequest) -> SamplingParams:
+    """The job's parameters in the LLM API's names (`tensorrt-llm.md` §5)."""
+    sampling = request.sampling
+    greedy = sampling.do_sample is False
+    extra_eos = sorted(request.eos_ids - {request.end_id})
+    return SamplingParams(
+        max_tokens=request.max_new_tokens,
+        min_tokens=request.min_new_tokens or None,
+        end_id=request.end_id,
+        pad_id=max(request.end_id, 0),
+        ignore_eos=request.ignore_eos,
+        stop_token_ids=extra_eos or None,
+        top_k=1 if greedy else sampling.top_k,
+        top_p=None if greedy else sampling.top_p,
+        temperature=None if greedy else sampling.temperature,
+        # Unset, the engine samples every request with seed 0: draw one, as TGI does.
+        seed=sampling.seed if sampling.seed is not None else random.getrandbits(63),
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logprobs=1 if request.return_logprobs else None,
+        detokenize=False,
+    )
+
+
+class LlmApiEngine:
+    """The engine interface over `tensorrt_llm.LLM`."""
+
+    def __init__(self, llm: LLM, *, capacity: int) -> None:
+        self._llm = llm
+        self._capacity = capacity
+        self._loop = asyncio.new_event_loop()
+        self._submissions: deque[EngineRequest] = deque()
+        self._cancels: deque[int] = deque()
+        self._results: dict[int, Any] = {}
+        self._requests: dict[int, EngineRequest] = {}
+        self._readers: set[asyncio.Task[None]] = set()
+        self._outputs: list[EngineOutput] = []
+        self._ready = asyncio.Event()
+        self._stats = EngineStats()
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def enqueue(self, request: EngineRequest) -> None:
+        self._submissions.append(request)
+
+    def cancel(self, request_id: int) -> None:
+        self._cancels.append(request_id)
+
+    def wake(self) -> None:
+        self._loop.call_soon_threadsafe(self._ready.set)
+
+    def wait(self, timeout: float) -> list[EngineOutput]:
+        return self._loop.run_until_complete(self._wait(timeout))
+
+    async def _wait(self, within_s: float) -> list[EngineOutput]:
+        self._apply_commands()
+        if not self._outputs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), within_s)
+            self._apply_commands()
+        self._ready.clear()
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+    def _apply_commands(self) -> None:
+        """Submit and abort here, with the private loop running (the binding trap)."""
+        while self._submissions:
+            request = self._submissions.popleft()
+            try:
+                result = self._llm.generate_async(
+                    list(request.prompt_ids),
+                    sampling_params=sampling_params(request),
+                    streaming=True,
+                )
+            except (ValueError, TypeError, RuntimeError) as exc:
+                self._emit(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
+                continue
+            self._results[request.id] = result
+            self._requests[request.id] = request
+            reader = self._loop.create_task(self._read(request, result))
+            self._readers.add(reader)
+            reader.add_done_callback(self._readers.discard)
+        while self._cancels:
+            result = self._results.get(self._cancels.popleft())
+            if result is not None:
+                result.abort()
+
+    async def _read(self, request: EngineRequest, result: Any) -> None:
+        """Turn one request's stream of RequestOutputs into EngineOutputs."""
+        try:
+            async for output in result:
+                completion = output.outputs[0]
+                tokens = list(completion.token_ids_diff)
+                output_done = bool(output.finished)
+                finish = (
+                    self._finish(request, completion.finish_reason, tokens) if output_done else None
+                )
+                logprobs = (
+                    _logprobs(completion.logprobs_diff, tokens) if request.return_logprobs else None
+                )
+                if tokens or finish is not None:
+                    self._emit(EngineOutput(request.id, tokens, logprobs, finish))
+                if output_done:
+                    return
+            self._emit(
+                EngineOutput(request.id, [], error="the stream ended without a final output")
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the LLM API's per-request failure (RequestError and kin)
+            self._emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._results.pop(request.id, None)
+            self._requests.pop(request.id, None)
+
+    @staticmethod
+    def _finish(
+        request: EngineRequest, reason: str | None, tokens: list[int]
+    ) -> FinishReason | None:
+        finish = FINISH_REASONS.get(reason or "")
+        ended_unseen = not tokens or tokens[-1] not in request.eos_ids
+        if finish is FinishReason.EOS_TOKEN and ended_unseen and request.end_id >= 0:
+            tokens.append(request.end_id)  # the engine ended on an EOS it did not return
+        return finish
+
+    def _emit(self, output: EngineOutput) -> None:
+        if output.finish is None and output.error is None and not output.token_ids:
+            return
+        if output.final and output.error is None and output.finish is None:
+            output.error = "finished without a finish reason"
+        self._outputs.append(output)
+        self._ready.set()
+
+    def stats(self) -> EngineStats:
+        try:
+            samples = self._llm.get_stats(timeout=0.01)
+        except Exception as exc:  # statistics are best effort
+            log.debug("get_stats failed: %s", exc)
+            return self._stats
+        if samples:
+            self._stats = _parse_stats(samples[-1])
+        return self._stats
+
+    def shutdown(self) -> None:
+        for result in list(self._results.values()):
+            result.abort()
+        self._llm.shutdown()
+        for reader in list(self._readers):
+            reader.cancel()
+        if self._readers:
+            self._loop.run_until_complete(asyncio.gather(*self._readers, return_exceptions=True))
+        self._loop.close()
+
+
+def _logprobs(diff: Any, tokens: list[int]) -> list[float] | None:
+    """`logprobs_diff` is a list with one entry per new token: a float, or a mapping
+    token id → Logprob (top-k); take the sampled token's."""
+    if not diff:
+        return None
+    values: list[float] = []
+    for token, entry in zip(tokens, diff, strict=False):
+        if isinstance(entry, dict):
+            chosen = entry.get(token)
+            values.append(float(getattr(chosen, "logprob", chosen)) if chosen is not None else 0.0)
+        else:
+            values.append(float(entry))
+    return values
+
+
+def _parse_stats(sample: Any) -> EngineStats:
+    """One `get_stats` sample (a dict, or JSON text of one) → EngineStats."""
+    data = json.loads(sample) if isinstance(sample, str) else sample
+    if not isinstance(data, dict):
+        return EngineStats()
+    kv = data.get("kvCacheStats") or {}
+    latency_ms = data.get("iterLatencyMS")
+    return EngineStats(
+        active_requests=data.get("numActiveRequests"),
+        queued_requests=data.get("numQueuedRequests"),
+        step_time_s=latency_ms / 1000 if isinstance(latency_ms, int | float) else None,
+        kv_cache_used_blocks=kv.get("usedNumBlocks"),
+        kv_cache_max_blocks=kv.get("maxNumBlocks"),
+    )

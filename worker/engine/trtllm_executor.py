@@ -1,0 +1,217 @@
+"""TensorRT-LLM's C++ `Executor` (1.2.x) over a prebuilt engine folder, behind the engine
+interface. Legacy: TensorRT-LLM 1.3 removes it; use `trtllm` (the LLM API) for new work.
+
+One GPU: LEADER mode in this process. An engine built for several GPUs (world size > 1 in
+its config.json): ORCHESTRATOR mode, spawning the `executorWorker` binary per rank, as
+TGI's backend does. `await_responses` is always given a timeout (it can block forever
+otherwise) and releases the GIL while it waits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import tensorrt_llm
+import tensorrt_llm.bindings.executor as tle
+
+from worker.config import Settings
+from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.errors import ConfigError
+from worker.tokenizer import TokenizerInfo
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = {
+    tle.FinishReason.END_ID: FinishReason.EOS_TOKEN,
+    tle.FinishReason.STOP_WORDS: FinishReason.EOS_TOKEN,  # our only stop words are EOS ids
+    tle.FinishReason.LENGTH: FinishReason.LENGTH,
+    tle.FinishReason.TIMED_OUT: FinishReason.DEADLINE,
+    tle.FinishReason.CANCELLED: FinishReason.CANCELLED,
+}
+
+SCHEDULER_POLICIES = {
+    "guaranteed_no_evict": tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT,
+    "max_utilization": tle.CapacitySchedulerPolicy.MAX_UTILIZATION,
+}
+
+
+def engine_world_size(engine_dir: Path) -> int:
+    """Ranks the engine was built for, from its `config.json` (`pretrained_config.mapping`)."""
+    config_file = engine_dir / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"invalid setting WORKER_ENGINE_DIR: cannot read {config_file}: {exc}"
+        ) from None
+    mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
+    if "world_size" in mapping:
+        return int(mapping["world_size"])
+    return int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+
+
+def executor_config(settings: Settings, world_size: int) -> tle.ExecutorConfig:
+    kv_cache = tle.KvCacheConfig(
+        enable_block_reuse=settings.kv_cache_block_reuse,
+        free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+    )
+    scheduler = tle.SchedulerConfig(SCHEDULER_POLICIES[settings.scheduler_policy])
+    config = tle.ExecutorConfig(
+        max_beam_width=1,
+        scheduler_config=scheduler,
+        kv_cache_config=kv_cache,
+        max_batch_size=settings.max_batch,
+        max_num_tokens=settings.max_num_tokens,
+    )
+    if world_size > 1:
+        worker_path = settings.executor_worker_path or (
+            Path(tensorrt_llm.__file__).parent / "bin" / "executorWorker"
+        )
+        config.parallel_config = tle.ParallelConfig(
+            tle.CommunicationType.MPI,
+            tle.CommunicationMode.ORCHESTRATOR,
+            orchestrator_config=tle.OrchestratorConfig(True, str(worker_path)),
+        )
+    return config
+
+
+def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
+    assert settings.engine_dir is not None  # the settings validator requires it
+    world_size = engine_world_size(settings.engine_dir)
+    log.info(
+        "TensorRT-LLM %s: loading the engine in %s (%d rank%s, %s mode)",
+        tensorrt_llm.__version__,
+        settings.engine_dir,
+        world_size,
+        "s" * (world_size > 1),
+        "orchestrator" if world_size > 1 else "leader",
+    )
+    executor = tle.Executor(
+        settings.engine_dir, tle.ModelType.DECODER_ONLY, executor_config(settings, world_size)
+    )
+    return ExecutorEngine(executor, capacity=settings.max_batch)
+
+
+def make_request(request: EngineRequest) -> tle.Request:
+    """The job's parameters in the Executor's names (`tensorrt-llm.md` §5)."""
+    sampling = request.sampling
+    greedy = sampling.do_sample is False
+    extra_eos = sorted(request.eos_ids - {request.end_id})
+    allotted = None
+    if request.deadline is not None:
+        allotted = timedelta(seconds=max(request.deadline - time.time(), 0.001))
+    return tle.Request(
+        request.prompt_ids,
+        request.max_new_tokens,
+        streaming=True,
+        sampling_config=tle.SamplingConfig(
+            1,
+            top_k=1 if greedy else sampling.top_k,
+            top_p=None if greedy else sampling.top_p,
+            temperature=None if greedy else sampling.temperature,
+            # Unset, every request would sample with seed 0: draw one, as TGI does.
+            seed=sampling.seed if sampling.seed is not None else random.getrandbits(63),
+            min_tokens=request.min_new_tokens or None,
+            repetition_penalty=sampling.repetition_penalty,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+        ),
+        output_config=tle.OutputConfig(return_log_probs=request.return_logprobs),
+        end_id=-1 if request.ignore_eos else request.end_id,
+        pad_id=max(request.end_id, 0),
+        stop_words=None if request.ignore_eos or not extra_eos else [[i] for i in extra_eos],
+        client_id=request.id,
+        allotted_time_ms=allotted,
+    )
+
+
+class ExecutorEngine:
+    """The engine interface over `tensorrt_llm.bindings.executor.Executor`."""
+
+    def __init__(self, executor: tle.Executor, *, capacity: int) -> None:
+        self._executor = executor
+        self._capacity = capacity
+        self._by_executor_id: dict[int, EngineRequest] = {}
+        self._executor_ids: dict[int, int] = {}
+        self._rejected: list[EngineOutput] = []
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def enqueue(self, request: EngineRequest) -> None:
+        try:
+            executor_id = self._executor.enqueue_request(make_request(request))
+        except (RuntimeError, ValueError, TypeError) as exc:
+            self._rejected.append(
+                EngineOutput(request.id, [], error=f"rejected by the engine: {exc}")
+            )
+            return
+        self._by_executor_id[executor_id] = request
+        self._executor_ids[request.id] = executor_id
+
+    def cancel(self, request_id: int) -> None:
+        executor_id = self._executor_ids.get(request_id)
+        if executor_id is not None:
+            self._executor.cancel_request(executor_id)
+
+    def wake(self) -> None:
+        """`await_responses` cannot be interrupted; the looper's short timeout bounds it."""
+
+    def wait(self, timeout: float) -> list[EngineOutput]:
+        outputs, self._rejected = self._rejected, []
+        wait_for = timedelta(0) if outputs else timedelta(seconds=timeout)
+        for response in self._executor.await_responses(timeout=wait_for):
+            output = self._convert(response)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def _convert(self, response: Any) -> EngineOutput | None:
+        request = self._by_executor_id.get(response.request_id)
+        if request is None:
+            return None
+        if response.has_error():
+            self._forget(response.request_id, request)
+            return EngineOutput(request.id, [], error=response.error_msg)
+        result = response.result
+        tokens = list(result.output_token_ids[0]) if result.output_token_ids else []
+        logprobs = None
+        if request.return_logprobs and result.log_probs:
+            logprobs = list(result.log_probs[0][-len(tokens) :]) if tokens else []
+        if not result.is_final:
+            return EngineOutput(request.id, tokens, logprobs) if tokens else None
+        self._forget(response.request_id, request)
+        reason = result.finish_reasons[0] if result.finish_reasons else None
+        finish = FINISH_REASONS.get(reason) if reason is not None else None
+        if finish is None:
+            return EngineOutput(request.id, tokens, logprobs, error=f"finished with {reason}")
+        if finish is FinishReason.EOS_TOKEN and (not tokens or tokens[-1] not in request.eos_ids):
+            tokens.append(request.end_id)  # the end id is not in the output (TensorRT-LLM #2190)
+        return EngineOutput(request.id, tokens, logprobs, finish)
+
+    def _forget(self, executor_id: int, request: EngineRequest) -> None:
+        del self._by_executor_id[executor_id]
+        self._executor_ids.pop(request.id, None)
+
+    def stats(self) -> EngineStats:
+        samples = self._executor.get_latest_iteration_stats()
+        if not samples:
+            return EngineStats()
+        latest = samples[-1]
+        kv = latest.kv_cache_stats
+        return EngineStats(
+            active_requests=latest.num_active_requests,
+            queued_requests=latest.num_queued_requests,
+            step_time_s=latest.iter_latency_ms / 1000,
+            kv_cache_used_blocks=kv.used_num_blocks if kv is not None else None,
+            kv_cache_max_blocks=kv.max_num_blocks if kv is not None else None,
+        )
+
+    def shutdown(self) -> None:
+        self._executor.shutdown()
