@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
     http_host: str = "0.0.0.0"
     echo_step_ms: Annotated[float, Field(ge=0, le=60_000)] = 0
+    echo_fault_token_id: Annotated[int, Field(ge=0)] | None = None
+    echo_crash_token_id: Annotated[int, Field(ge=0)] | None = None
     queue_type: Literal["quorum", "classic"] = "quorum"
     delivery_limit: PositiveInt = 3
     drain_timeout_s: Annotated[float, Field(ge=0, le=86_400)] = 30

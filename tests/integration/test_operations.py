@@ -171,3 +171,26 @@ async def test_engine_death_hands_jobs_back_and_turns_unready(
         names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
     )
     assert queue.declaration_result.message_count == 2
+
+
+async def test_one_failing_request_leaves_the_others_running(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    bad, good = rid(), rid()
+    async with run_worker(echo_fault_token_id=255, echo_step_ms=2) as service:
+        await producer.publish(
+            {"request_id": good, "inputs": "abc", "parameters": {"max_new_tokens": 50}}
+        )
+        await subscriber.first_entry(good)
+        await producer.publish({"request_id": bad, "input_ids": [97, 255]})
+        failed = await subscriber.read_until_terminal(bad)
+        finished = await subscriber.read_until_terminal(good)
+        assert service.ready()
+    assert failed == [
+        {
+            "event": "error",
+            "code": "engine_error",
+            "message": "echo engine failed the request on token 255 (test switch)",
+        }
+    ]
+    assert terminal(finished)["generated_tokens"] == "50"

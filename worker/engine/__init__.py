@@ -27,7 +27,12 @@ class EngineStartTimeout(ConnectionError):
 def engine_factory(settings: Settings, tokenizer: TokenizerInfo) -> Callable[[], Engine]:
     """A callable that builds the engine (slow for TensorRT-LLM: it loads the model)."""
     if settings.engine == "echo":
-        return lambda: EchoEngine(capacity=settings.max_batch, step_s=settings.echo_step_ms / 1000)
+        return lambda: EchoEngine(
+            capacity=settings.max_batch,
+            step_s=settings.echo_step_ms / 1000,
+            fault_token=settings.echo_fault_token_id,
+            crash_token=settings.echo_crash_token_id,
+        )
     try:
         if settings.engine == "trtllm":
             from worker.engine import trtllm

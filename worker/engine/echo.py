@@ -23,9 +23,18 @@ class _Running:
 class EchoEngine:
     """CPU-only engine with the contract's echo behaviour."""
 
-    def __init__(self, *, capacity: int, step_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        step_s: float,
+        fault_token: int | None = None,
+        crash_token: int | None = None,
+    ) -> None:
         self._capacity = capacity
         self._step_s = step_s
+        self._fault_token = fault_token
+        self._crash_token = crash_token
         self._waiting: deque[EngineRequest] = deque()
         self._running: dict[int, _Running] = {}
         self._cancelled_waiting: set[int] = set()
@@ -95,6 +104,16 @@ class EchoEngine:
         outputs = self._admit_cancelled()
         while self._waiting and len(self._running) < self._capacity:
             request = self._waiting.popleft()
+            if self._crash_token is not None and self._crash_token in request.prompt_ids:
+                raise RuntimeError(
+                    f"echo engine crashed on token {self._crash_token} (test switch)"
+                )
+            if self._fault_token is not None and self._fault_token in request.prompt_ids:
+                message = (
+                    f"echo engine failed the request on token {self._fault_token} (test switch)"
+                )
+                outputs.append(EngineOutput(request.id, [], error=message))
+                continue
             n_source = len(request.prompt_ids) - request.resumed_tokens
             self._running[request.id] = _Running(
                 request, request.prompt_ids[:n_source], request.resumed_tokens
