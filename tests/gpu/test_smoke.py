@@ -1,0 +1,98 @@
+"""A real model on a real GPU through the LLM API adapter. Skipped unless `tensorrt_llm`
+imports, a GPU is visible and WORKER_GPU_TEST_MODEL names a small HF checkpoint folder.
+How to run it in NVIDIA's container: README, "Running on a GPU"."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.config import Settings
+from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
+from worker.output import OutputProcessor, RequestState
+from worker.tokenizer import load_tokenizer
+
+MODEL = os.environ.get("WORKER_GPU_TEST_MODEL")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        importlib.util.find_spec("tensorrt_llm") is None, reason="tensorrt_llm is not installed"
+    ),
+    pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no NVIDIA GPU visible"),
+    pytest.mark.skipif(MODEL is None, reason="WORKER_GPU_TEST_MODEL is not set"),
+]
+
+
+def run_to_end(engine: Engine, ids: set[int], limit_s: float) -> dict[int, list[EngineOutput]]:
+    """Drive the engine as the looper does until every request in `ids` is final."""
+    outputs: dict[int, list[EngineOutput]] = {i: [] for i in ids}
+    deadline = time.monotonic() + limit_s
+    while any(not o or not o[-1].final for o in outputs.values()):
+        assert time.monotonic() < deadline, "the engine did not finish in time"
+        for output in engine.wait(0.1):
+            outputs.setdefault(output.id, []).append(output)
+    return outputs
+
+
+@pytest.mark.timeout(900)
+def test_llm_api_generates_and_cancels() -> None:
+    from worker.engine import trtllm
+
+    assert MODEL is not None
+    settings = Settings(_env_file=None, engine="trtllm", model=Path(MODEL), max_batch=8)
+    tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    engine = trtllm.create(settings, tokenizer)
+    try:
+        prompt = tokenizer.tokenizer.encode("The capital of France is").ids
+        greedy = EngineRequest(
+            id=1,
+            prompt_ids=prompt,
+            max_new_tokens=16,
+            end_id=tokenizer.end_id,
+            eos_ids=tokenizer.eos_ids,
+            sampling=Sampling(do_sample=False),
+            return_logprobs=True,
+        )
+        long = EngineRequest(
+            id=2,
+            prompt_ids=prompt,
+            max_new_tokens=1000,
+            end_id=tokenizer.end_id,
+            eos_ids=frozenset(),
+            ignore_eos=True,
+        )
+        engine.enqueue(long)
+        first: list[EngineOutput] = []
+        while not first:
+            first = [o for o in engine.wait(0.1) if o.id == 2]
+        engine.cancel(2)
+        engine.enqueue(greedy)
+        outputs = run_to_end(engine, {1, 2}, 300)
+    finally:
+        engine.shutdown()
+    assert outputs[2][-1].finish is FinishReason.CANCELLED
+    final = outputs[1][-1]
+    assert final.finish in (FinishReason.LENGTH, FinishReason.EOS_TOKEN)
+    tokens = [t for o in outputs[1] for t in o.token_ids]
+    assert 0 < len(tokens) <= 16
+    assert all(o.logprobs is None or len(o.logprobs) == len(o.token_ids) for o in outputs[1])
+    state = RequestState(
+        request_id="gpu",
+        key="gpu",
+        engine_id=1,
+        tokenizer=tokenizer.tokenizer,
+        prompt_ids=prompt,
+        input_tokens=len(prompt),
+        eos_ids=tokenizer.eos_ids,
+    )
+    processor = OutputProcessor()
+    processor.add(state)
+    batch = processor.process(outputs[1])
+    text = "".join(str(f["text"]) for _, _, f in batch.entries if f["event"] == "token")
+    assert "Paris" in text
