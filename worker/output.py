@@ -200,7 +200,9 @@ class OutputProcessor:
                 "text": state.token_text(token_id, last=last),
             }
             if logprobs is not None and position < len(logprobs):
-                fields["logprob"] = logprobs[position]
+                logprob = logprobs[position]
+                if logprob is not None:
+                    fields["logprob"] = logprob
             batch.entries.append((key, entry_id(index + 1), fields))
             batch.tokens += 1
             if state.stopped:

@@ -108,8 +108,6 @@ def test_settings_are_frozen() -> None:
         pytest.param("WORKER_QUEUE", "jobs.v2", "jobs.v2"),
         pytest.param("WORKER_STREAM_PREFIX", "tokens:", "tokens:"),
         pytest.param("WORKER_STREAM_TTL_S", "60", 60),
-        pytest.param("WORKER_ENGINE", "trtllm", "trtllm"),
-        pytest.param("WORKER_ENGINE", "trtllm-executor", "trtllm-executor"),
         pytest.param("WORKER_TOKENIZER", "/models/llama", Path("/models/llama")),
         pytest.param("WORKER_EOS_TOKEN", "<|eot_id|>", "<|eot_id|>"),
         pytest.param("WORKER_MAX_INPUT_TOKENS", "8192", 8192),
@@ -130,6 +128,35 @@ def test_env_override(
     monkeypatch.setenv(variable, raw)
     settings = load_settings()
     assert getattr(settings, attribute(variable)) == expected
+
+
+@pytest.mark.parametrize(
+    ("engine", "needs", "given"),
+    [
+        ("trtllm", "WORKER_MODEL", {}),
+        ("trtllm-executor", "WORKER_ENGINE_DIR", {"WORKER_TOKENIZER": "/models/llama"}),
+        ("trtllm-executor", "WORKER_TOKENIZER", {"WORKER_ENGINE_DIR": "/engines/llama"}),
+    ],
+)
+def test_tensorrt_llm_engine_needs_its_model(
+    monkeypatch: pytest.MonkeyPatch, engine: str, needs: str, given: dict[str, str]
+) -> None:
+    monkeypatch.setenv("WORKER_ENGINE", engine)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value).startswith(f"invalid setting {needs}:")
+    monkeypatch.setenv(needs, "/somewhere")
+    assert load_settings().engine == engine
+
+
+def test_trtllm_tokenizer_defaults_to_the_model_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_ENGINE", "trtllm")
+    monkeypatch.setenv("WORKER_MODEL", "/models/llama")
+    assert load_settings().tokenizer_source == Path("/models/llama")
+    monkeypatch.setenv("WORKER_TOKENIZER", "/tok/tokenizer.json")
+    assert load_settings().tokenizer_source == Path("/tok/tokenizer.json")
 
 
 def test_queue_override_moves_derived_names(monkeypatch: pytest.MonkeyPatch) -> None:

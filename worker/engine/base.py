@@ -5,6 +5,7 @@ An engine is owned by one thread (the looper): `enqueue`, `cancel`, `wait` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -65,7 +66,7 @@ class EngineOutput:
 
     id: int
     token_ids: list[int]
-    logprobs: list[float] | None = None
+    logprobs: Sequence[float | None] | None = None
     finish: FinishReason | None = None
     error: str | None = None
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import KvCacheConfig
+from tensorrt_llm.llmapi import KvCacheConfig, RequestOutput
 
 from worker.config import Settings
 from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
@@ -114,8 +114,7 @@ class LlmApiEngine:
         self._loop = asyncio.new_event_loop()
         self._submissions: deque[EngineRequest] = deque()
         self._cancels: deque[int] = deque()
-        self._results: dict[int, Any] = {}
-        self._requests: dict[int, EngineRequest] = {}
+        self._results: dict[int, RequestOutput] = {}
         self._readers: set[asyncio.Task[None]] = set()
         self._outputs: list[EngineOutput] = []
         self._ready = asyncio.Event()
@@ -135,6 +134,7 @@ class LlmApiEngine:
         self._loop.call_soon_threadsafe(self._ready.set)
 
     def wait(self, timeout: float) -> list[EngineOutput]:
+        """Run the private loop until outputs are ready or `timeout` passes."""
         return self._loop.run_until_complete(self._wait(timeout))
 
     async def _wait(self, within_s: float) -> list[EngineOutput]:
@@ -157,71 +157,57 @@ class LlmApiEngine:
                     sampling_params=sampling_params(request),
                     streaming=True,
                 )
-            except (ValueError, TypeError, RuntimeError) as exc:
+            except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
                 self._emit(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
                 continue
+            # A RuntimeError above means the LLM is shutting down or its worker died: it
+            # propagates, the looper dies, and the worker hands its jobs back.
             self._results[request.id] = result
-            self._requests[request.id] = request
             reader = self._loop.create_task(self._read(request, result))
             self._readers.add(reader)
             reader.add_done_callback(self._readers.discard)
         while self._cancels:
-            result = self._results.get(self._cancels.popleft())
-            if result is not None:
-                result.abort()
+            running = self._results.get(self._cancels.popleft())
+            if running is not None:
+                running.abort()
 
-    async def _read(self, request: EngineRequest, result: Any) -> None:
+    async def _read(self, request: EngineRequest, result: RequestOutput) -> None:
         """Turn one request's stream of RequestOutputs into EngineOutputs."""
         try:
             async for output in result:
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids_diff)
-                output_done = bool(output.finished)
-                finish = (
-                    self._finish(request, completion.finish_reason, tokens) if output_done else None
-                )
-                logprobs = (
-                    _logprobs(completion.logprobs_diff, tokens) if request.return_logprobs else None
-                )
-                if tokens or finish is not None:
-                    self._emit(EngineOutput(request.id, tokens, logprobs, finish))
-                if output_done:
+                logprobs = None
+                if request.return_logprobs:
+                    logprobs = _logprobs(completion.logprobs_diff, tokens)
+                finish = None
+                if output.finished:
+                    finish = _finish(
+                        request, completion.finish_reason, completion.stop_reason, tokens
+                    )
+                    self._emit(
+                        EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish))
+                    )
                     return
+                if tokens:
+                    self._emit(EngineOutput(request.id, tokens, logprobs))
             self._emit(
                 EngineOutput(request.id, [], error="the stream ended without a final output")
             )
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the LLM API's per-request failure (RequestError and kin)
+        except Exception as exc:  # per-request failure: RequestError (a RuntimeError) and kin
             self._emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
         finally:
             self._results.pop(request.id, None)
-            self._requests.pop(request.id, None)
-
-    @staticmethod
-    def _finish(
-        request: EngineRequest, reason: str | None, tokens: list[int]
-    ) -> FinishReason | None:
-        finish = FINISH_REASONS.get(reason or "")
-        ended_unseen = not tokens or tokens[-1] not in request.eos_ids
-        if finish is FinishReason.EOS_TOKEN and ended_unseen and request.end_id >= 0:
-            tokens.append(request.end_id)  # the engine ended on an EOS it did not return
-        return finish
 
     def _emit(self, output: EngineOutput) -> None:
-        if output.finish is None and output.error is None and not output.token_ids:
-            return
-        if output.final and output.error is None and output.finish is None:
-            output.error = "finished without a finish reason"
         self._outputs.append(output)
         self._ready.set()
 
     def stats(self) -> EngineStats:
-        try:
-            samples = self._llm.get_stats(timeout=0.01)
-        except Exception as exc:  # statistics are best effort
-            log.debug("get_stats failed: %s", exc)
-            return self._stats
+        """The latest iteration statistics (needs `enable_iter_perf_stats`)."""
+        samples = self._llm.get_stats(timeout=0.01)
         if samples:
             self._stats = _parse_stats(samples[-1])
         return self._stats
@@ -237,16 +223,35 @@ class LlmApiEngine:
         self._loop.close()
 
 
-def _logprobs(diff: Any, tokens: list[int]) -> list[float] | None:
-    """`logprobs_diff` is a list with one entry per new token: a float, or a mapping
-    token id → Logprob (top-k); take the sampled token's."""
+def _finish(
+    request: EngineRequest, reason: str | None, stop_reason: object, tokens: list[int]
+) -> FinishReason | None:
+    """Map the finish reason. The end id is in `token_ids`, but a stop token id (our other
+    EOS ids) is trimmed from them and given as `stop_reason`: put it back, so every EOS
+    finish ends with its EOS token, as the contract shows it."""
+    finish = FINISH_REASONS.get(reason or "")
+    if finish is FinishReason.EOS_TOKEN and (not tokens or tokens[-1] not in request.eos_ids):
+        eos = stop_reason if isinstance(stop_reason, int) else request.end_id
+        if eos >= 0:
+            tokens.append(eos)
+    return finish
+
+
+def _no_reason(finish: FinishReason | None) -> str | None:
+    return "finished without a known finish reason" if finish is None else None
+
+
+def _logprobs(diff: Any, tokens: list[int]) -> list[float | None] | None:
+    """`logprobs_diff` holds one mapping token id → Logprob (the top k) per new token; the
+    sampled token's entry is taken. It can be missing when sampling picked a token outside
+    the top k: then None, and that token's entry gets no `logprob` field."""
     if not diff:
         return None
-    values: list[float] = []
+    values: list[float | None] = []
     for token, entry in zip(tokens, diff, strict=False):
         if isinstance(entry, dict):
             chosen = entry.get(token)
-            values.append(float(getattr(chosen, "logprob", chosen)) if chosen is not None else 0.0)
+            values.append(None if chosen is None else float(chosen.logprob))
         else:
             values.append(float(entry))
     return values

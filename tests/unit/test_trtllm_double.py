@@ -1,0 +1,236 @@
+"""The TensorRT-LLM test double behaves as the 1.2.x sources do (see tests/doubles)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests.doubles import FakeGpu, install_tensorrt_llm
+
+WAIT = timedelta(seconds=5)
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    return install_tensorrt_llm(monkeypatch)
+
+
+# -- LLM API ---------------------------------------------------------------------------------
+
+
+async def test_streaming_yields_diffs_and_keeps_the_end_id(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.llmapi import KvCacheConfig
+
+    gpu.tokens_per_step = 2  # as with speculative decoding
+    with LLM(
+        "ckpt", skip_tokenizer_init=True, kv_cache_config=KvCacheConfig(enable_block_reuse=False)
+    ) as llm:
+        params = SamplingParams(end_id=7, max_tokens=10, detokenize=False)
+        out = llm.generate_async([4, 5, 6, 7], params, streaming=True)
+        diffs = [o.outputs[0].token_ids_diff async for o in out]
+    assert diffs == [[4, 5], [6, 7]]
+    assert out.finished
+    assert out.outputs[0].token_ids == [4, 5, 6, 7]  # PyTorch backend: EOS stays in
+    assert out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].stop_reason is None
+    assert gpu.llm_kwargs[0]["kv_cache_config"].enable_block_reuse is False
+    assert gpu.sampling_params == [params]
+
+
+async def test_min_tokens_masks_eos_and_stop_token_ids_are_trimmed(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    eos_first = await llm.generate_async([2, 5, 2], SamplingParams(end_id=2, max_tokens=9))
+    assert eos_first.outputs[0].token_ids == [3, 5, 2]  # EOS masked until min_tokens (1)
+    stopped = await llm.generate_async([4, 5, 6], SamplingParams(end_id=-1, stop_token_ids=[6]))
+    assert stopped.outputs[0].token_ids == [4, 5]
+    assert (stopped.outputs[0].finish_reason, stopped.outputs[0].stop_reason) == ("stop", 6)
+    llm.shutdown()
+
+
+async def test_logprobs_are_top_k_dicts(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.executor.result import Logprob
+
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    none = await llm.generate_async([4], SamplingParams(end_id=-1, max_tokens=2, logprobs=0))
+    one = await llm.generate_async([4, 5], SamplingParams(end_id=-1, max_tokens=2, logprobs=1))
+    assert none.outputs[0].logprobs == []  # logprobs=0 returns nothing in 1.2
+    assert one.outputs[0].logprobs == [{4: Logprob(-0.5, rank=1)}, {5: Logprob(-0.5, rank=1)}]
+    llm.shutdown()
+
+
+async def test_abort_ends_with_cancelled(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    gpu.step_s = 0.01
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    out = llm.generate_async([4, 5], SamplingParams(end_id=-1, max_tokens=10_000), streaming=True)
+    async for step in out:
+        if not step.aborted():
+            step.abort()
+    assert out.aborted()
+    assert out.outputs[0].finish_reason == "cancelled"
+    llm.shutdown()
+
+
+async def test_a_failed_request_raises_request_error_alone(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.llmapi import RequestError
+
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    params = SamplingParams(end_id=-1, max_tokens=3)
+    good = llm.generate_async([4], params, streaming=True)
+    bad = llm.generate_async([4, FakeGpu.POISON_TOKEN], params, streaming=True)
+    with pytest.raises(RequestError, match="POISON_TOKEN"):
+        async for _ in bad:
+            pass
+    assert (await good).outputs[0].token_ids == [4, 4, 4]
+    llm.shutdown()
+
+
+def test_result_made_without_a_running_loop_only_iterates_synchronously(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    out = llm.generate_async([5, 6], SamplingParams(end_id=-1, max_tokens=3), streaming=True)
+
+    async def consume() -> None:
+        async for _ in out:
+            pass
+
+    with pytest.raises(AssertionError, match="event loop was not present"):
+        asyncio.run(consume())
+    assert [o.outputs[0].token_ids_diff for o in out] == [[5], [6], [5]]
+    llm.shutdown()
+
+
+async def test_result_made_inside_a_loop_warns_on_sync_use(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    out = llm.generate_async([5], SamplingParams(end_id=-1, max_tokens=1))
+    with pytest.warns(UserWarning, match="running in async mode"):
+        out.result(timeout=5)
+    llm.shutdown()
+
+
+def test_llm_arguments_are_checked(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    with pytest.raises(ValueError, match="LLM got invalid argument: max_new_tokens"):
+        LLM("ckpt", max_new_tokens=3)
+    with pytest.raises(RuntimeError, match="Only 1 GPUs are available"):
+        LLM("ckpt", tensor_parallel_size=2)
+    llm = LLM("ckpt", skip_tokenizer_init=True, max_batch_size=4, enable_iter_perf_stats=True)
+    with pytest.raises(ValueError, match="tokenizer is required to reset end_id"):
+        llm.generate_async([1], SamplingParams())
+    with pytest.raises(TypeError):
+        SamplingParams(1)  # type: ignore[call-arg]  # keyword-only dataclass
+    llm.shutdown()
+    with pytest.raises(RuntimeError, match="LLM is shutting down"):
+        llm.generate_async([1], SamplingParams(end_id=2))
+
+
+def test_get_stats_needs_iter_perf_stats_and_returns_dicts(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    llm = LLM("ckpt", skip_tokenizer_init=True, enable_iter_perf_stats=True)
+    assert llm.get_stats(timeout=0.05) == []  # nothing submitted yet
+    llm.generate_async([4, 5], SamplingParams(end_id=-1, max_tokens=3)).result(timeout=5)
+    stats = llm.get_stats(timeout=0.1)
+    assert stats
+    assert {"iter", "iterLatencyMS", "numActiveRequests", "numQueuedRequests"} <= stats[0].keys()
+    assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks"} <= stats[0]["kvCacheStats"].keys()
+    llm.shutdown()
+
+
+async def test_engine_death_hangs_pending_results_and_fails_the_next_submit(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    gpu.step_s = 0.01
+    llm = LLM("ckpt", skip_tokenizer_init=True)
+    params = SamplingParams(end_id=-1, max_tokens=10_000)
+    pending = llm.generate_async([4], params, streaming=True)
+    gpu.kill("worker died")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(pending.aresult(), 0.1)  # 1.2 has no EngineDeadError
+    with pytest.raises(RuntimeError, match="worker died"):
+        llm.generate_async([4], params)
+    with pytest.raises(RuntimeError, match="LLM is shutting down"):
+        llm.generate_async([4], params)
+
+
+# -- Executor binding ------------------------------------------------------------------------
+
+
+def test_executor_streaming_has_error_and_kw_only_request(gpu: FakeGpu) -> None:
+    import tensorrt_llm.bindings.executor as tle
+
+    config = tle.ExecutorConfig(1, max_batch_size=2, kv_cache_config=tle.KvCacheConfig(True))
+    executor = tle.Executor("engine", tle.ModelType.DECODER_ONLY, config)
+    assert gpu.executor_configs == [config]
+    with pytest.raises(TypeError):
+        tle.Request([4, 5], 3, True)  # type: ignore[call-arg]
+    output = tle.OutputConfig(return_log_probs=True)
+    req = tle.Request([4, 5, 9], 5, streaming=True, end_id=9, output_config=output, client_id=7)
+    bad = tle.Request([FakeGpu.POISON_TOKEN], 5, streaming=True)
+    rid, bad_id = executor.enqueue_request(req), executor.enqueue_request(bad)
+    tokens: list[int] = []
+    last = None
+    while last is None or not last.result.is_final:
+        for response in executor.await_responses(WAIT):
+            if response.has_error():
+                assert response.request_id == bad_id
+                with pytest.raises(RuntimeError, match="response with an error"):
+                    _ = response.result
+                continue
+            with pytest.raises(RuntimeError, match="without error"):
+                _ = response.error_msg
+            assert (response.request_id, response.client_id) == (rid, 7)
+            tokens += response.result.output_token_ids[0]
+            last = response
+    assert tokens == [4, 5]  # the end id is excluded
+    assert last.result.finish_reasons == [tle.FinishReason.END_ID]
+    assert last.result.log_probs == [[-0.5, -0.5]]  # cumulative, not a diff
+    assert executor.await_responses(timedelta(milliseconds=20)) == []
+    again = executor.await_responses(rid, WAIT)
+    assert again[0].error_msg == f"ReqId {rid} has already been processed and was terminated."
+    stats = executor.get_latest_iteration_stats()
+    assert stats
+    assert stats[0].kv_cache_stats is not None
+    assert stats[0].max_num_active_requests == 2
+    executor.shutdown()
+    with pytest.raises(RuntimeError, match="Shutdown called"):
+        executor.await_responses(WAIT)
+
+
+def test_executor_cancel_timeout_and_non_streaming_output(gpu: FakeGpu) -> None:
+    import tensorrt_llm.bindings.executor as tle
+
+    gpu.step_s = 0.005
+    executor = tle.Executor("engine", tle.ModelType.DECODER_ONLY, tle.ExecutorConfig())
+    long = tle.Request([4], 100_000, streaming=True)
+    timed = tle.Request([4], 100_000, allotted_time_ms=timedelta(milliseconds=30))
+    whole = tle.Request([4, 5], 3)
+    ids = [executor.enqueue_request(r) for r in (long, timed, whole)]
+    time.sleep(0.05)
+    executor.cancel_request(ids[0])
+    finals: dict[int, tle.Result] = {}
+    deadline = time.monotonic() + 5
+    while len(finals) < 3 and time.monotonic() < deadline:
+        for r in executor.await_responses(timedelta(milliseconds=100)):
+            if r.result.is_final:
+                finals[r.request_id] = r.result
+    assert finals[ids[0]].finish_reasons == [tle.FinishReason.CANCELLED]
+    assert finals[ids[1]].finish_reasons == [tle.FinishReason.TIMED_OUT]
+    assert finals[ids[2]].output_token_ids == [[4, 5, 4, 5, 4]]  # prompt included by default
+    assert finals[ids[2]].finish_reasons == [tle.FinishReason.LENGTH]
+    gpu.kill("rank 0 died")
+    with pytest.raises(RuntimeError, match="rank 0 died"):
+        executor.await_responses(WAIT)
