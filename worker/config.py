@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     executor_worker_path: Path | None = None
     engine_start_timeout_s: Annotated[float, Field(gt=0)] = 1800
     engine_stats_interval_s: Annotated[float, Field(gt=0)] = 5
+    engine_stall_timeout_s: Annotated[float, Field(gt=0)] = 300
 
     @field_validator("amqp_url")
     @classmethod

@@ -32,6 +32,10 @@ MAX_UNCONSUMED_BATCHES = 256
 the engine for more (an engine keeps its outputs meanwhile)."""
 
 
+class EngineStalled(RuntimeError):
+    """Requests are in flight and the engine has said nothing for too long."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Submit:
     request: EngineRequest
@@ -62,6 +66,7 @@ class Looper:
         on_outputs: OutputSink,
         on_death: DeathSink,
         stats_interval_s: float = 5.0,
+        stall_timeout_s: float = 300.0,
     ) -> None:
         self._engine = engine
         self._loop = loop
@@ -77,6 +82,8 @@ class Looper:
         self.stats = EngineStats()
         self._stats_interval_s = stats_interval_s
         self._stats_due = 0.0
+        self._stall_timeout_s = stall_timeout_s
+        self._progress_at = time.monotonic()
 
     def start(self) -> None:
         self._thread.start()
@@ -119,6 +126,13 @@ class Looper:
                 if self._in_flight:
                     self._deliver(self._engine.wait(BUSY_TIMEOUT_S))
                 self.heartbeat = now = time.monotonic()
+                if self._in_flight and now - self._progress_at > self._stall_timeout_s:
+                    # TensorRT-LLM 1.2 leaves results pending forever when its worker
+                    # process dies (NVIDIA/TensorRT-LLM#10663): treat silence as death.
+                    raise EngineStalled(
+                        f"no output for {self._stall_timeout_s:.0f}s with "
+                        f"{len(self._in_flight)} requests in flight"
+                    )
                 if now >= self._stats_due:
                     self._stats_due = now + self._stats_interval_s
                     self._sample_stats()
@@ -141,6 +155,8 @@ class Looper:
                 return True
             block = False
             if isinstance(command, _Submit):
+                if not self._in_flight:
+                    self._progress_at = time.monotonic()
                 self._engine.enqueue(command.request)
                 self._in_flight.add(command.request.id)
             elif isinstance(command, _Cancel):
@@ -152,6 +168,7 @@ class Looper:
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         if not outputs:
             return
+        self._progress_at = time.monotonic()
         for output in outputs:
             if output.final:
                 self._in_flight.discard(output.id)

@@ -73,6 +73,7 @@ class Service:
             runner.on_outputs,
             self._on_engine_death,
             stats_interval_s=settings.engine_stats_interval_s,
+            stall_timeout_s=settings.engine_stall_timeout_s,
         )
         looper = self._looper
         self.metrics.registry.register(EngineStatsCollector(lambda: looper.stats))

@@ -15,7 +15,7 @@ import pytest
 import worker.looper
 from worker.engine.base import Engine, EngineOutput, EngineRequest, EngineStats, FinishReason
 from worker.engine.echo import EchoEngine
-from worker.looper import Looper
+from worker.looper import EngineStalled, Looper
 
 TIMEOUT_S = 5.0
 
@@ -372,3 +372,19 @@ async def test_stop_while_the_event_loop_is_not_consuming_still_stops(
         assert engine.shutdown_threads == ["engine-looper"]
     finally:
         sink.consume()  # lets a stuck thread see the stop, so that the test ends cleanly
+
+
+async def test_a_silent_engine_with_requests_in_flight_counts_as_dead() -> None:
+    """TensorRT-LLM can leave results pending forever when its worker dies; silence
+    with work in flight must end in on_death, not in a hang."""
+    loop = asyncio.get_running_loop()
+    died: asyncio.Future[BaseException] = loop.create_future()
+    engine = EchoEngine(capacity=4, step_s=3600)  # its first step never comes
+    looper = Looper(engine, loop, lambda outputs: None, died.set_result, stall_timeout_s=0.2)
+    looper.start()
+    looper.submit(EngineRequest(id=1, prompt_ids=[1, 2], max_new_tokens=5))
+    error = await asyncio.wait_for(died, 5)
+    assert isinstance(error, EngineStalled)
+    assert "1 requests in flight" in str(error)
+    looper.stop()
+    assert not looper.alive
