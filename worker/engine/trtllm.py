@@ -206,10 +206,13 @@ class LlmApiEngine:
         self._ready.set()
 
     def stats(self) -> EngineStats:
-        """The latest iteration statistics (needs `enable_iter_perf_stats`)."""
-        samples = self._llm.get_stats(timeout=0.01)
-        if samples:
-            self._stats = _parse_stats(samples[-1])
+        """The latest iteration statistics (needs `enable_iter_perf_stats`). Read on the
+        private loop: the statistics queue binds to a loop as results do."""
+        return self._loop.run_until_complete(self._latest_stats())
+
+    async def _latest_stats(self) -> EngineStats:
+        async for sample in self._llm.get_stats_async(timeout=0.01):
+            self._stats = _parse_stats(sample)
         return self._stats
 
     def shutdown(self) -> None:

@@ -1,0 +1,114 @@
+"""Engines for the contract suite: echo, and both TensorRT-LLM adapters on the double."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.doubles import FakeGpu, install_tensorrt_llm
+from worker.config import Settings
+from worker.engine.base import Engine, EngineOutput, EngineRequest
+from worker.engine.echo import EchoEngine
+from worker.tokenizer import load_tokenizer
+
+POISON = FakeGpu.POISON_TOKEN
+EngineFactory = Callable[..., Engine]
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    """The double installed as `tensorrt_llm`; adapter modules re-imported against it."""
+    fake = install_tensorrt_llm(monkeypatch)
+    for name in ("worker.engine.trtllm", "worker.engine.trtllm_executor"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return fake
+
+
+def trtllm_settings(tmp_path: Path, engine: str, **overrides: Any) -> Settings:
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir(exist_ok=True)
+    config = {"pretrained_config": {"mapping": {"world_size": overrides.pop("world_size", 1)}}}
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    values: dict[str, Any] = {
+        "engine": engine,
+        "model": tmp_path,
+        "engine_dir": engine_dir,
+        "tokenizer": tmp_path / "tokenizer.json",
+        "max_batch": 64,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
+def create_trtllm(settings: Settings) -> Engine:
+    tokenizer = load_tokenizer(None, None)
+    if settings.engine == "trtllm":
+        from worker.engine import trtllm
+
+        return trtllm.create(settings, tokenizer)
+    from worker.engine import trtllm_executor
+
+    return trtllm_executor.create(settings, tokenizer)
+
+
+@pytest.fixture(params=["echo", "trtllm", "trtllm-executor"])
+def make_engine(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[EngineFactory]:
+    """`make_engine(capacity=64)` builds the engine under test; shut down afterwards."""
+    kind: str = request.param
+    engines: list[Engine] = []
+    if kind != "echo":
+        fake = install_tensorrt_llm(monkeypatch)
+        for name in ("worker.engine.trtllm", "worker.engine.trtllm_executor"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        fake.step_s = 0.001
+
+    def make(capacity: int = 64) -> Engine:
+        engine: Engine
+        if kind == "echo":
+            engine = EchoEngine(capacity=capacity, step_s=0.001, fault_token=POISON)
+        else:
+            engine = create_trtllm(trtllm_settings(tmp_path, kind, max_batch=capacity))
+        engines.append(engine)
+        return engine
+
+    make.kind = kind  # type: ignore[attr-defined]
+    yield make
+    for engine in engines:
+        try:
+            engine.shutdown()
+        except RuntimeError:
+            pass  # already shut down by the test
+
+
+def drive(
+    engine: Engine, requests: list[EngineRequest], limit_s: float = 15.0
+) -> dict[int, list[EngineOutput]]:
+    """Enqueue, then wait as the looper does until every request has its final output."""
+    outputs: dict[int, list[EngineOutput]] = {r.id: [] for r in requests}
+    for request in requests:
+        engine.enqueue(request)
+    collect(engine, outputs, limit_s)
+    return outputs
+
+
+def collect(
+    engine: Engine, outputs: dict[int, list[EngineOutput]], limit_s: float = 15.0
+) -> None:
+    deadline = time.monotonic() + limit_s
+    while any(not o or not o[-1].final for o in outputs.values()):
+        assert time.monotonic() < deadline, "the engine did not finish the requests in time"
+        for output in engine.wait(0.05):
+            assert not (outputs[output.id] and outputs[output.id][-1].final), "output after final"
+            outputs[output.id].append(output)
+
+
+def tokens_of(outputs: list[EngineOutput]) -> list[int]:
+    return [t for o in outputs for t in o.token_ids]

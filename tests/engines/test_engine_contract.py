@@ -1,0 +1,141 @@
+"""One contract, every engine: echo, the LLM API adapter and the Executor adapter (both on
+the tensorrt_llm double). What the worker relies on from any engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.engines.conftest import POISON, EngineFactory, collect, drive, tokens_of
+from worker.engine.base import EngineOutput, EngineRequest, FinishReason
+
+EOS = 2
+
+
+def request(request_id: int, prompt: list[int], max_new: int, **kwargs: object) -> EngineRequest:
+    return EngineRequest(id=request_id, prompt_ids=prompt, max_new_tokens=max_new, **kwargs)  # type: ignore[arg-type]
+
+
+def test_streams_tokens_in_order_and_ends_by_length(make_engine: EngineFactory) -> None:
+    outputs = drive(make_engine(), [request(1, [5, 6, 7], 7, end_id=EOS)])[1]
+    assert tokens_of(outputs) == [5, 6, 7, 5, 6, 7, 5]
+    assert [o.final for o in outputs].count(True) == 1
+    assert outputs[-1].finish is FinishReason.LENGTH
+    assert all(o.error is None for o in outputs)
+
+
+def test_eos_ends_the_request_with_the_eos_token_last(make_engine: EngineFactory) -> None:
+    eos = request(1, [5, 6, EOS], 50, end_id=EOS, eos_ids=frozenset({EOS}))
+    outputs = drive(make_engine(), [eos])[1]
+    assert tokens_of(outputs) == [5, 6, EOS]
+    assert outputs[-1].finish is FinishReason.EOS_TOKEN
+
+
+def test_a_second_eos_id_ends_the_request_too(make_engine: EngineFactory) -> None:
+    eos = request(1, [5, 9], 50, end_id=EOS, eos_ids=frozenset({EOS, 9}))
+    outputs = drive(make_engine(), [eos])[1]
+    assert tokens_of(outputs) == [5, 9]
+    assert outputs[-1].finish is FinishReason.EOS_TOKEN
+
+
+def test_ignore_eos_generates_to_the_limit(make_engine: EngineFactory) -> None:
+    ignoring = request(1, [5, EOS], 5, end_id=EOS, ignore_eos=True)
+    outputs = drive(make_engine(), [ignoring])[1]
+    assert tokens_of(outputs) == [5, EOS, 5, EOS, 5]
+    assert outputs[-1].finish is FinishReason.LENGTH
+
+
+def test_eos_is_not_honoured_before_min_new_tokens(make_engine: EngineFactory) -> None:
+    early = request(1, [5, EOS], 50, end_id=EOS, eos_ids=frozenset({EOS}), min_new_tokens=3)
+    outputs = drive(make_engine(), [early])[1]
+    tokens = tokens_of(outputs)
+    assert len(tokens) == 4
+    assert tokens[-1] == EOS
+    assert outputs[-1].finish is FinishReason.EOS_TOKEN
+
+
+def test_cancel_mid_stream_ends_cancelled_keeping_the_tokens(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.enqueue(request(1, [5, 6], 100_000))
+    outputs: dict[int, list[EngineOutput]] = {1: []}
+    while not outputs[1]:
+        outputs[1].extend(engine.wait(0.05))
+    engine.cancel(1)
+    collect(engine, outputs)
+    assert outputs[1][-1].finish is FinishReason.CANCELLED
+    assert 0 < len(tokens_of(outputs[1])) < 100_000
+
+
+def test_cancel_of_a_queued_request(make_engine: EngineFactory) -> None:
+    engine = make_engine(capacity=1)
+    engine.enqueue(request(1, [5], 100_000))
+    engine.enqueue(request(2, [6], 10))
+    outputs: dict[int, list[EngineOutput]] = {1: [], 2: []}
+    while not outputs[1]:
+        for output in engine.wait(0.05):
+            outputs[output.id].append(output)
+    engine.cancel(2)
+    engine.cancel(1)
+    collect(engine, outputs)
+    assert outputs[2][-1].finish is FinishReason.CANCELLED
+    assert tokens_of(outputs[2]) == []
+
+
+def test_a_failing_request_leaves_the_others_running(make_engine: EngineFactory) -> None:
+    outputs = drive(
+        make_engine(),
+        [request(1, [5, 6], 30), request(2, [5, POISON], 30), request(3, [7], 30)],
+    )
+    assert outputs[2][-1].error
+    assert outputs[2][-1].finish is None
+    for good in (1, 3):
+        assert outputs[good][-1].finish is FinishReason.LENGTH
+        assert len(tokens_of(outputs[good])) == 30
+
+
+def test_logprobs_when_asked(make_engine: EngineFactory) -> None:
+    outputs = drive(
+        make_engine(), [request(1, [5, 6], 6, return_logprobs=True), request(2, [5, 6], 6)]
+    )
+    for output in outputs[1]:
+        assert output.logprobs is not None
+        assert len(output.logprobs) == len(output.token_ids)
+        assert all(p is not None and p <= 0 for p in output.logprobs)
+    assert all(o.logprobs is None for o in outputs[2])
+
+
+def test_deadline_ends_the_request(make_engine: EngineFactory) -> None:
+    if make_engine.kind == "trtllm":  # type: ignore[attr-defined]
+        pytest.skip("the LLM API takes no per-request deadline; the worker aborts the request")
+    late = request(1, [5], 1_000_000, deadline=time.time() + 0.2)
+    outputs = drive(make_engine(), [late])[1]
+    assert outputs[-1].finish is FinishReason.DEADLINE
+
+
+def test_hundreds_of_concurrent_requests(make_engine: EngineFactory) -> None:
+    requests = [request(i, [i % 200 + 3, 1], 20) for i in range(1, 301)]
+    outputs = drive(make_engine(capacity=64), requests, limit_s=60)
+    for req in requests:
+        assert outputs[req.id][-1].finish is FinishReason.LENGTH
+        assert tokens_of(outputs[req.id]) == ([req.prompt_ids[0], 1] * 10)
+
+
+def test_shutdown_with_requests_in_flight(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    for i in range(1, 11):
+        engine.enqueue(request(i, [5, 6], 100_000))
+    got: list[EngineOutput] = []
+    while not got:
+        got = engine.wait(0.05)
+    started = time.monotonic()
+    engine.shutdown()
+    assert time.monotonic() - started < 5
+
+
+def test_stats_report_the_engine(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    drive(engine, [request(1, [5], 50)])
+    stats = engine.stats()
+    assert stats.active_requests is not None
+    assert stats.active_requests >= 0
