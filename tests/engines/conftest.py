@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -21,13 +22,17 @@ POISON = FakeGpu.POISON_TOKEN
 EngineFactory = Callable[..., Engine]
 
 
-@pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+def install_double(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     """The double installed as `tensorrt_llm`; adapter modules re-imported against it."""
     fake = install_tensorrt_llm(monkeypatch)
     for name in ("worker.engine.trtllm", "worker.engine.trtllm_executor"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return fake
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    return install_double(monkeypatch)
 
 
 def trtllm_settings(tmp_path: Path, engine: str, **overrides: Any) -> Settings:
@@ -65,10 +70,7 @@ def make_engine(
     kind: str = request.param
     engines: list[Engine] = []
     if kind != "echo":
-        fake = install_tensorrt_llm(monkeypatch)
-        for name in ("worker.engine.trtllm", "worker.engine.trtllm_executor"):
-            monkeypatch.delitem(sys.modules, name, raising=False)
-        fake.step_s = 0.001
+        install_double(monkeypatch).step_s = 0.001
 
     def make(capacity: int = 64) -> Engine:
         engine: Engine
@@ -82,10 +84,8 @@ def make_engine(
     make.kind = kind  # type: ignore[attr-defined]
     yield make
     for engine in engines:
-        try:
+        with contextlib.suppress(RuntimeError):  # already shut down by the test
             engine.shutdown()
-        except RuntimeError:
-            pass  # already shut down by the test
 
 
 def drive(
@@ -99,9 +99,7 @@ def drive(
     return outputs
 
 
-def collect(
-    engine: Engine, outputs: dict[int, list[EngineOutput]], limit_s: float = 15.0
-) -> None:
+def collect(engine: Engine, outputs: dict[int, list[EngineOutput]], limit_s: float = 15.0) -> None:
     deadline = time.monotonic() + limit_s
     while any(not o or not o[-1].final for o in outputs.values()):
         assert time.monotonic() < deadline, "the engine did not finish the requests in time"

@@ -216,14 +216,18 @@ class LlmApiEngine:
         return self._stats
 
     def shutdown(self) -> None:
-        for result in list(self._results.values()):
-            result.abort()
-        self._llm.shutdown()
-        for reader in list(self._readers):
-            reader.cancel()
-        if self._readers:
-            self._loop.run_until_complete(asyncio.gather(*self._readers, return_exceptions=True))
-        self._loop.close()
+        try:
+            for result in list(self._results.values()):
+                result.abort()
+            self._llm.shutdown()
+        finally:
+            for reader in list(self._readers):
+                reader.cancel()
+            if self._readers:
+                self._loop.run_until_complete(
+                    asyncio.gather(*self._readers, return_exceptions=True)
+                )
+            self._loop.close()
 
 
 def _finish(
