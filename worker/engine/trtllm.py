@@ -5,18 +5,17 @@ is chosen. Token ids in and out: the worker tokenizes, detokenizes and matches s
 strings itself (`skip_tokenizer_init=True`, `detokenize=False`).
 
 Threading: `generate_async` binds each result to the event loop running in the calling
-thread (tensorrt_llm/executor/result.py). This engine therefore keeps a private event loop
-that runs only inside `wait`, on the looper thread that owns the engine: requests are
-submitted and aborted from inside it, and their streams are read by tasks on it."""
+thread (tensorrt_llm/executor/result.py), so this engine keeps a private event loop
+running on a thread of its own (see `LlmApiEngine`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
+import queue
 import random
-from collections import deque
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -106,73 +105,105 @@ def sampling_params(request: EngineRequest) -> SamplingParams:
 
 
 class LlmApiEngine:
-    """The engine interface over `tensorrt_llm.LLM`."""
+    """The engine interface over `tensorrt_llm.LLM`.
+
+    `generate_async` binds each result to the event loop running in the calling thread,
+    and TensorRT-LLM's dispatcher only wakes that loop while it is running (an item that
+    arrives otherwise waits unseen). So the adapter keeps a private event loop running
+    for good on a thread of its own: requests are submitted, read and aborted there, and
+    finished outputs reach the looper through a thread-safe queue."""
 
     def __init__(self, llm: LLM, *, capacity: int) -> None:
         self._llm = llm
         self._capacity = capacity
-        self._loop = asyncio.new_event_loop()
-        self._submissions: deque[EngineRequest] = deque()
-        self._cancels: deque[int] = deque()
+        self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
         self._results: dict[int, RequestOutput] = {}
         self._readers: set[asyncio.Task[None]] = set()
-        self._outputs: list[EngineOutput] = []
-        self._ready = asyncio.Event()
         self._stats = EngineStats()
+        self._fatal: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="trtllm-io", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
 
     @property
     def capacity(self) -> int:
         return self._capacity
 
+    # -- the engine interface (called on the looper thread) ---------------------------
+
     def enqueue(self, request: EngineRequest) -> None:
-        self._submissions.append(request)
+        self._loop.call_soon_threadsafe(self._submit, request)
 
     def cancel(self, request_id: int) -> None:
-        self._cancels.append(request_id)
+        self._loop.call_soon_threadsafe(self._abort, request_id)
 
     def wake(self) -> None:
-        self._loop.call_soon_threadsafe(self._ready.set)
+        self._outputs.put(None)
 
     def wait(self, timeout: float) -> list[EngineOutput]:
-        """Run the private loop until outputs are ready or `timeout` passes."""
-        return self._loop.run_until_complete(self._wait(timeout))
-
-    async def _wait(self, within_s: float) -> list[EngineOutput]:
-        self._apply_commands()
-        if not self._outputs:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), within_s)
-            self._apply_commands()
-        self._ready.clear()
-        outputs, self._outputs = self._outputs, []
+        """Block (GIL released) until outputs arrive or `timeout` passes; take them all."""
+        outputs: list[EngineOutput] = []
+        try:
+            item = self._outputs.get(timeout=timeout)
+            while True:
+                if item is not None:
+                    outputs.append(item)
+                item = self._outputs.get_nowait()
+        except queue.Empty:
+            pass
+        if self._fatal is not None:
+            raise RuntimeError(f"the LLM stopped: {self._fatal}") from self._fatal
         return outputs
 
-    def _apply_commands(self) -> None:
-        """Submit and abort here, with the private loop running (the binding trap)."""
-        while self._submissions:
-            request = self._submissions.popleft()
-            try:
-                result = self._llm.generate_async(
-                    list(request.prompt_ids),
-                    sampling_params=sampling_params(request),
-                    streaming=True,
-                )
-            except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
-                self._emit(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
-                continue
-            # A RuntimeError above means the LLM is shutting down or its worker died: it
-            # propagates, the looper dies, and the worker hands its jobs back.
-            self._results[request.id] = result
-            reader = self._loop.create_task(self._read(request, result))
-            self._readers.add(reader)
-            reader.add_done_callback(self._readers.discard)
-        while self._cancels:
-            running = self._results.get(self._cancels.popleft())
-            if running is not None:
-                running.abort()
+    def stats(self) -> EngineStats:
+        """The latest iteration statistics (needs `enable_iter_perf_stats`), read on the
+        private loop: the statistics queue binds to a loop as results do."""
+        future = asyncio.run_coroutine_threadsafe(self._latest_stats(), self._loop)
+        return future.result(timeout=5)
+
+    def shutdown(self) -> None:
+        if self._loop.is_closed() or not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._loop.is_running():
+                self._loop.close()
+
+    # -- on the private loop -----------------------------------------------------------
+
+    def _submit(self, request: EngineRequest) -> None:
+        try:
+            result = self._llm.generate_async(
+                list(request.prompt_ids), sampling_params=sampling_params(request), streaming=True
+            )
+        except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
+            self._outputs.put(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
+            return
+        except Exception as exc:
+            # The LLM is shutting down or its worker died: the engine is gone.
+            self._fatal = exc
+            self._outputs.put(None)
+            return
+        self._results[request.id] = result
+        reader = self._loop.create_task(self._read(request, result))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+
+    def _abort(self, request_id: int) -> None:
+        result = self._results.get(request_id)
+        if result is not None:
+            result.abort()
 
     async def _read(self, request: EngineRequest, result: RequestOutput) -> None:
         """Turn one request's stream of RequestOutputs into EngineOutputs."""
+        emit = self._outputs.put
         try:
             async for output in result:
                 completion = output.outputs[0]
@@ -180,54 +211,36 @@ class LlmApiEngine:
                 logprobs = None
                 if request.return_logprobs:
                     logprobs = _logprobs(completion.logprobs_diff, tokens)
-                finish = None
                 if output.finished:
                     finish = _finish(
                         request, completion.finish_reason, completion.stop_reason, tokens
                     )
-                    self._emit(
-                        EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish))
-                    )
+                    emit(EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish)))
                     return
                 if tokens:
-                    self._emit(EngineOutput(request.id, tokens, logprobs))
-            self._emit(
-                EngineOutput(request.id, [], error="the stream ended without a final output")
-            )
+                    emit(EngineOutput(request.id, tokens, logprobs))
+            emit(EngineOutput(request.id, [], error="the stream ended without a final output"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # per-request failure: RequestError (a RuntimeError) and kin
-            self._emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
+            emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
         finally:
             self._results.pop(request.id, None)
-
-    def _emit(self, output: EngineOutput) -> None:
-        self._outputs.append(output)
-        self._ready.set()
-
-    def stats(self) -> EngineStats:
-        """The latest iteration statistics (needs `enable_iter_perf_stats`). Read on the
-        private loop: the statistics queue binds to a loop as results do."""
-        return self._loop.run_until_complete(self._latest_stats())
 
     async def _latest_stats(self) -> EngineStats:
         async for sample in self._llm.get_stats_async(timeout=0.01):
             self._stats = _parse_stats(sample)
         return self._stats
 
-    def shutdown(self) -> None:
+    async def _close(self) -> None:
+        for result in list(self._results.values()):
+            result.abort()
         try:
-            for result in list(self._results.values()):
-                result.abort()
             self._llm.shutdown()
         finally:
             for reader in list(self._readers):
                 reader.cancel()
-            if self._readers:
-                self._loop.run_until_complete(
-                    asyncio.gather(*self._readers, return_exceptions=True)
-                )
-            self._loop.close()
+            await asyncio.gather(*self._readers, return_exceptions=True)
 
 
 def _finish(

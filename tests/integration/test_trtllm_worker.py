@@ -1,0 +1,149 @@
+"""The whole worker on the TensorRT-LLM adapters, with the tensorrt_llm double standing in
+for the GPU: RabbitMQ in, Redis stream out, as on a GPU node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.doubles import FakeGpu
+from tests.engines.conftest import install_double
+from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
+from worker.tokenizer import builtin_byte_tokenizer
+
+
+def rid() -> str:
+    return f"trt-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    return install_double(monkeypatch)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """An HF-style folder: its tokenizer (the built-in byte-level one) and EOS `</s>`."""
+    builtin_byte_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 256}))
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir()
+    (engine_dir / "config.json").write_text(
+        json.dumps({"pretrained_config": {"mapping": {"world_size": 1}}})
+    )
+    return tmp_path
+
+
+def engine_settings(engine: str, model_dir: Path) -> dict[str, Any]:
+    if engine == "trtllm":
+        return {"engine": "trtllm", "model": model_dir}
+    return {
+        "engine": "trtllm-executor",
+        "engine_dir": model_dir / "engine",
+        "tokenizer": model_dir,
+    }
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "trtllm-executor"])
+async def test_jobs_stream_through_the_adapter(
+    gpu: FakeGpu,
+    model_dir: Path,
+    engine: str,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    plain, eos, stopped = rid(), rid(), rid()
+    async with run_worker(**engine_settings(engine, model_dir)) as service:
+        await producer.publish(
+            {"request_id": plain, "inputs": "abc", "parameters": {"max_new_tokens": 7}}
+        )
+        await producer.publish({"request_id": eos, "input_ids": [104, 105, 256]})
+        await producer.publish(
+            {
+                "request_id": stopped,
+                "inputs": "one two ",
+                "parameters": {"max_new_tokens": 50, "stop": ["two"], "return_logprobs": True},
+            }
+        )
+        results = [await subscriber.read_until_terminal(i) for i in (plain, eos, stopped)]
+        status_ok = service.ready()
+    assert status_ok
+    assert terminal(results[0])["generated_text"] == "abcabca"
+    assert terminal(results[1])["finish_reason"] == "eos_token"
+    assert terminal(results[1])["generated_text"] == "hi"
+    assert terminal(results[2])["finish_reason"] == "stop_sequence"
+    assert terminal(results[2])["generated_text"] == "one "
+    assert all("logprob" in e for e in tokens(results[2]))
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "trtllm-executor"])
+async def test_cancel_and_deadline_through_the_adapter(
+    gpu: FakeGpu,
+    model_dir: Path,
+    engine: str,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    gpu.step_s = 0.005
+    cancelled, late = rid(), rid()
+    soon = (datetime.now(UTC) + timedelta(seconds=0.5)).isoformat()
+    async with run_worker(**engine_settings(engine, model_dir), max_new_tokens=5000):
+        await producer.publish(
+            {"request_id": cancelled, "inputs": "abc", "parameters": {"max_new_tokens": 5000}}
+        )
+        await producer.publish(
+            {
+                "request_id": late,
+                "inputs": "xyz",
+                "deadline": soon,
+                "parameters": {"max_new_tokens": 5000},
+            }
+        )
+        await subscriber.first_entry(cancelled)
+        await producer.cancel(cancelled)
+        first = await subscriber.read_until_terminal(cancelled)
+        second = await subscriber.read_until_terminal(late)
+    assert terminal(first)["finish_reason"] == "cancelled"
+    assert terminal(second)["finish_reason"] == "deadline"
+    for entries in (first, second):
+        done = terminal(entries)
+        assert "".join(e["text"] for e in tokens(entries)) == done["generated_text"]
+        assert int(done["generated_tokens"]) == len(tokens(entries)) < 5000
+
+
+async def test_a_dead_llm_api_engine_is_noticed_and_its_jobs_handed_back(
+    gpu: FakeGpu,
+    model_dir: Path,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    names: dict[str, str],
+) -> None:
+    """TensorRT-LLM 1.2 leaves results pending when its worker process dies: the stall
+    watchdog turns that silence into an engine death."""
+    gpu.step_s = 0.005
+    request_id = rid()
+    async with run_worker(engine="trtllm", model=model_dir, engine_stall_timeout_s=0.5) as service:
+        await producer.publish(
+            {"request_id": request_id, "inputs": "abc", "parameters": {"max_new_tokens": 2000}}
+        )
+        await subscriber.first_entry(request_id)
+        gpu.kill()
+        await asyncio.wait_for(service.wait_stopped(), 10)
+        assert service.engine_failed
+        assert not service.ready()
+    entries = await subscriber.entries(request_id)
+    assert entries
+    assert all(fields["event"] == "token" for fields in entries)
+    queue = await producer.channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    assert queue.declaration_result.message_count == 1
