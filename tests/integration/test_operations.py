@@ -58,6 +58,10 @@ async def test_probes_and_metrics(
     assert float(samples["worker_time_to_first_token_seconds_count"]) == 3
     assert float(samples["worker_in_flight_requests"]) == 0
     assert float(samples["worker_capacity_requests"]) == 64
+    # engine statistics, sampled by the engine thread
+    assert float(samples["worker_engine_active_requests"]) >= 0
+    assert float(samples["worker_engine_queued_requests"]) >= 0
+    assert "worker_engine_step_seconds" in samples
 
 
 async def test_readyz_is_503_while_draining(
