@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     queue_type: Literal["quorum", "classic"] = "quorum"
     delivery_limit: PositiveInt = 3
     drain_timeout_s: Annotated[float, Field(ge=0, le=86_400)] = 30
+    lease_ttl_s: Annotated[float, Field(ge=0.5, le=3600)] = 10
+    redis_buffer_entries: PositiveInt = 100_000
+    amqp_ca_file: Path | None = None
+    amqp_cert_file: Path | None = None
+    amqp_key_file: Path | None = None
+    redis_ca_file: Path | None = None
+    redis_cert_file: Path | None = None
+    redis_key_file: Path | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 

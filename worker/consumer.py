@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -64,6 +65,8 @@ class Consumer:
         self._cancel_queue: AbstractQueue | None = None
         self._consumer_tag: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._paused = False
 
     @property
     def connected(self) -> bool:
@@ -84,13 +87,17 @@ class Consumer:
         settings = self._settings
         try:
             self._connection = await aio_pika.connect_robust(
-                settings.amqp_url, client_properties={"connection_name": "trtllm-worker"}
+                settings.amqp_url,
+                client_properties={"connection_name": "trtllm-worker"},
+                ssl_context=amqp_ssl_context(settings),
             )
         except (OSError, aiormq.exceptions.AMQPError) as exc:
             raise ConnectionError(
                 f"cannot connect to RabbitMQ at {redact_url(settings.amqp_url)}: {exc}"
             ) from None
+        self._connection.close_callbacks.add(self._on_connection_lost)
         channel = await self._connection.channel(publisher_confirms=True)
+        channel.close_callbacks.add(self._on_connection_lost)
         self._channel = channel
         await channel.set_qos(prefetch_count=settings.max_batch)
         arguments = {"x-queue-type": settings.queue_type}
@@ -125,8 +132,35 @@ class Consumer:
             tag, self._consumer_tag = self._consumer_tag, None
             try:
                 await self._queue.cancel(tag)
-            except (aio_pika.exceptions.AMQPError, RuntimeError) as exc:
+            except (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError) as exc:
                 log.warning("cancelling the consumer failed: %s", exc)
+
+    async def pause(self) -> None:
+        """Take no new jobs for now (Redis is unreachable): the broker gives them to
+        other workers. The jobs in hand wait for Redis."""
+        if not self._paused and not self._closing:
+            self._paused = True
+            log.warning("pausing: no new jobs until Redis answers again")
+            await self.stop_consuming()
+
+    async def resume(self) -> None:
+        if self._paused and not self._closing and self._queue is not None:
+            self._paused = False
+            log.info("resuming: consuming %s again", self._settings.queue)
+            try:
+                self._consumer_tag = await self._queue.consume(self._on_message)
+            except (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError) as exc:
+                self._paused = True
+                log.warning("resuming the consumer failed: %s", exc)
+
+    def _on_connection_lost(self, _sender: object, exc: BaseException | None) -> None:
+        """The deliveries of that connection died with it: the broker requeues them for
+        another worker (or this one, after reconnecting), which continues their streams.
+        Stop writing for them now."""
+        if self._closing:
+            return
+        count = self._runner.hand_back_all("the broker connection was lost")
+        log.warning("broker connection lost (%s): %d running jobs dropped", exc, count)
 
     async def wait_jobs(self, within_s: float) -> bool:
         """Wait until every job in hand is settled. True if all were."""
@@ -136,6 +170,7 @@ class Consumer:
         return not pending
 
     async def close(self) -> None:
+        self._closing = True
         if self._connection is not None:
             await self._connection.close()
 
@@ -179,7 +214,7 @@ class Consumer:
                 limits=self._limits,
             )
             request_id = job.request_id
-            self._check_deliveries(message, request_id)
+            await self._check_deliveries(message, request_id)
             result = await self._runner.run(job, received_at)
         except InvalidJob as exc:
             return Outcome(Action.DEAD_LETTER, exc)
@@ -217,12 +252,21 @@ class Consumer:
             )
         return Outcome(Action.ACK)
 
-    def _check_deliveries(self, message: AbstractIncomingMessage, request_id: str) -> None:
-        """Quorum queues count failed deliveries in `x-delivery-count`."""
+    async def _check_deliveries(self, message: AbstractIncomingMessage, request_id: str) -> None:
+        """A message delivered more than WORKER_DELIVERY_LIMIT times is not run again.
+        Quorum queues count earlier deliveries in `x-delivery-count`; for classic queues
+        the worker counts them in Redis (a redelivered message only says it was)."""
         count = (message.headers or {}).get("x-delivery-count")
-        if isinstance(count, int) and count >= self._settings.delivery_limit:
+        if isinstance(count, int):
+            deliveries = count + 1
+        elif self._settings.queue_type == "classic":
+            key = self._settings.stream_prefix + request_id
+            deliveries = await self._publisher.count_delivery(key)
+        else:
+            deliveries = 1
+        if deliveries > self._settings.delivery_limit:
             raise DeliveryLimitExceeded(
-                f"delivered {count + 1} times without finishing "
+                f"delivered {deliveries} times without finishing "
                 f"(WORKER_DELIVERY_LIMIT={self._settings.delivery_limit})",
                 request_id=request_id,
             )
@@ -285,3 +329,21 @@ class Consumer:
             )
         self._metrics.jobs.labels(outcome="dead_lettered").inc()
         log.info("message %s dead-lettered: %s: %s", request_id or "-", error.code, reason)
+
+
+def amqp_ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """TLS for `amqps://` from the CA and client-certificate settings (None: aio-pika's
+    defaults, or the URL's own `cafile`/`certfile`/`keyfile` query parameters)."""
+    if not settings.amqp_url.startswith("amqps://"):
+        return None
+    if not (settings.amqp_ca_file or settings.amqp_cert_file):
+        return None
+    context = ssl.create_default_context(
+        cafile=str(settings.amqp_ca_file) if settings.amqp_ca_file else None
+    )
+    if settings.amqp_cert_file:
+        context.load_cert_chain(
+            str(settings.amqp_cert_file),
+            str(settings.amqp_key_file) if settings.amqp_key_file else None,
+        )
+    return context

@@ -1,12 +1,21 @@
-"""Redis: one pipeline per batch of outputs; terminal entries with their EXPIRE; the
-stream and cancel-mark reads a job starts with. Entry ids are explicit (`0-<seq>`), so a
-retried pipeline can never store an index twice."""
+"""Redis: all the worker's Redis I/O.
+
+- Token and terminal entries are written with explicit ids (`0-<seq>`): Redis refuses an
+  id that is not above the last, so no index is ever stored twice, even by a retry.
+- A request's writes are fenced by its lease `{<stream key>}:lease`: a Lua script appends
+  only while the caller's token holds the lease, so a worker that lost a job (its broker
+  connection died and another worker took over) can no longer write to its stream.
+- One pipeline per batch of engine outputs: one script call per request in the batch.
+Keys that belong to a request sit in its stream's hash slot (`{<stream key>}:…`), so the
+scripts work on Redis Cluster too."""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -17,11 +26,44 @@ from worker.output import Fields
 log = logging.getLogger(__name__)
 
 TERMINAL_EVENTS = frozenset({"done", "error"})
+LEASE_LOST = -1
 
-# Append a terminal entry after whatever the stream holds, unless it already ends with
-# one; then set its expiry. Used for jobs that end without running (invalid, cancelled
-# before start, deadline passed). Returns 1 if appended, 0 if a terminal was there.
+# KEYS: stream, lease. ARGV: token, ttl (0: not the end), then per entry: id, field count,
+# fields... Appends while `token` holds the lease (or no lease is needed: token ""); an
+# entry refused as "equal or smaller" was stored by an earlier try and is skipped. On the
+# terminal batch (ttl > 0) the stream gets its expiry and the lease is released.
+_FENCED_APPEND = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local i = 3
+local written = 0
+while i <= #ARGV do
+  local id = ARGV[i]
+  local n = tonumber(ARGV[i + 1]) * 2
+  local fields = {}
+  for k = 1, n do fields[k] = ARGV[i + 1 + k] end
+  local ok = redis.pcall('XADD', KEYS[1], id, unpack(fields))
+  if type(ok) == 'table' and ok.err then
+    if not string.find(ok.err, 'equal or smaller', 1, true) then
+      return redis.error_reply(ok.err)
+    end
+  else
+    written = written + 1
+  end
+  i = i + 2 + n
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  if ARGV[1] ~= '' then redis.call('DEL', KEYS[2]) end
+end
+return written
+"""
+
+# KEYS: stream, lease. ARGV: ttl, token ('' for none), fields... Appends a terminal entry
+# after whatever the stream holds unless it already ends with one (0) or the lease is
+# another's (-1); sets the expiry and releases the lease. For jobs that end without
+# running (invalid, cancelled before start, deadline passed, resumed at their end).
 _APPEND_TERMINAL = """
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return -1 end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq = 1
 if #last > 0 then
@@ -31,15 +73,36 @@ if #last > 0 then
   end
   seq = tonumber(string.match(last[1][1], '-(%d+)$')) + 1
 end
-redis.call('XADD', KEYS[1], '0-' .. seq, unpack(ARGV, 2))
+redis.call('XADD', KEYS[1], '0-' .. seq, unpack(ARGV, 3))
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then redis.call('DEL', KEYS[2]) end
 return 1
+"""
+
+# KEYS: lease. ARGV: token, ttl ms. Renew the lease if the token still holds it.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+# KEYS: lease. ARGV: token. Release the lease if the token holds it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
 def cancel_key(stream_key: str) -> str:
     """The cancel mark of a request: in its stream's hash slot (`{<stream key>}:...`)."""
     return "{" + stream_key + "}:cancel"
+
+
+def lease_key(stream_key: str) -> str:
+    return "{" + stream_key + "}:lease"
+
+
+def deliveries_key(stream_key: str) -> str:
+    return "{" + stream_key + "}:deliveries"
 
 
 @dataclass(slots=True)
@@ -52,20 +115,47 @@ class StreamState:
     cancelled: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """CA and client certificate for `rediss://` (None: the system's defaults)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
 class Publisher:
     """All the worker's Redis I/O."""
 
-    def __init__(self, client: aioredis.Redis, *, ttl_s: int) -> None:
+    def __init__(self, client: aioredis.Redis, *, ttl_s: int, lease_ttl_s: float = 10.0) -> None:
         self._redis = client
         self._ttl_s = ttl_s
+        self._lease_ms = max(int(lease_ttl_s * 1000), 1)
+        self._fenced_append = client.register_script(_FENCED_APPEND)
         self._append_terminal = client.register_script(_APPEND_TERMINAL)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
 
     @classmethod
-    def from_url(cls, url: str, *, ttl_s: int) -> Publisher:
-        client = aioredis.Redis.from_url(
-            url, decode_responses=False, health_check_interval=10, socket_connect_timeout=5
-        )
-        return cls(client, ttl_s=ttl_s)
+    def from_url(
+        cls, url: str, *, ttl_s: int, lease_ttl_s: float = 10.0, tls: TlsFiles | None = None
+    ) -> Publisher:
+        options: dict[str, Any] = {
+            "decode_responses": False,
+            "health_check_interval": 10,
+            "socket_connect_timeout": 5,
+            "socket_timeout": 30,
+            "retry_on_timeout": False,
+        }
+        if tls is not None and url.startswith("rediss://"):
+            options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+            if tls.ca_file:
+                options["ssl_ca_certs"] = tls.ca_file
+            if tls.cert_file:
+                options["ssl_certfile"] = tls.cert_file
+            if tls.key_file:
+                options["ssl_keyfile"] = tls.key_file
+        return cls(aioredis.Redis.from_url(url, **options), ttl_s=ttl_s, lease_ttl_s=lease_ttl_s)
 
     async def ping(self) -> bool:
         return bool(await self._redis.ping())
@@ -73,40 +163,85 @@ class Publisher:
     async def close(self) -> None:
         await self._redis.aclose()
 
+    # -- writing --------------------------------------------------------------------
+
     async def write(
-        self, entries: Sequence[tuple[str, str, Fields]], expire: Sequence[str]
+        self,
+        entries: Sequence[tuple[str, str, Fields]],
+        final_keys: Sequence[str],
+        tokens: dict[str, str],
     ) -> dict[str, str]:
-        """Store one batch in one round trip. An entry refused as 'equal or smaller'
-        was stored by an earlier try of the same batch and counts as written. Returns
-        the keys Redis refused for good (e.g. not a stream), with the reason; raises on
-        connection errors (the whole batch can then be retried)."""
+        """Store one batch in one round trip: per stream, its entries in order, fenced by
+        the lease token in `tokens` (a key without one is written unfenced). Streams in
+        `final_keys` get their expiry and their lease released. Returns the keys not
+        written, with why: the lease was lost, or Redis refused the key for good (e.g. it
+        is not a stream). Raises on connection errors (then the batch can be retried)."""
         if not entries:
             return {}
-        pipe = self._redis.pipeline(transaction=False)
-        keys = []
+        per_key: dict[str, list[str | int | float]] = {}
         for key, seq_id, fields in entries:
-            pipe.xadd(key, fields, id=seq_id)  # type: ignore[arg-type]
-            keys.append(key)
-        for key in expire:
-            pipe.expire(key, self._ttl_s)
-            keys.append(key)
+            args = per_key.setdefault(key, [])
+            args.append(seq_id)
+            args.append(len(fields))
+            for name, value in fields.items():
+                args.append(name)
+                args.append(value)
+        final = set(final_keys)
+        pipe = self._redis.pipeline(transaction=False)
+        for key, args in per_key.items():
+            ttl = self._ttl_s if key in final else 0
+            await self._fenced_append(
+                keys=[key, lease_key(key)], args=[tokens.get(key, ""), ttl, *args], client=pipe
+            )
         results = await pipe.execute(raise_on_error=False)
         refused: dict[str, str] = {}
-        for key, result in zip(keys, results, strict=True):
+        for key, result in zip(per_key, results, strict=True):
             if isinstance(result, ResponseError):
-                if "equal or smaller" not in str(result):
-                    refused.setdefault(key, str(result))
+                refused[key] = str(result)
             elif isinstance(result, Exception):
                 raise result
+            elif result == LEASE_LOST:
+                refused[key] = "the lease was lost: another worker owns this request now"
         return refused
 
-    async def append_terminal(self, key: str, fields: Fields) -> bool:
-        """Append a terminal entry to a stream no worker is writing. False if the
-        stream already ended."""
-        args: list[str | int | float] = [self._ttl_s]
+    async def append_terminal(self, key: str, fields: Fields, token: str = "") -> int:
+        """Append a terminal entry to a stream no worker is writing (or that `token`
+        leases). 1 appended, 0 the stream had ended already, -1 another owns the lease."""
+        args: list[str | int | float] = [self._ttl_s, token]
         for name, value in fields.items():
             args.extend((name, value))
-        return bool(await self._append_terminal(keys=[key], args=args))
+        return int(await self._append_terminal(keys=[key, lease_key(key)], args=args))
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def acquire_lease(self, key: str, token: str) -> bool:
+        """Take the request's lease if nobody holds it (or `token` already does)."""
+        lease = lease_key(key)
+        if await self._redis.set(lease, token, nx=True, px=self._lease_ms):
+            return True
+        owner = await self._redis.get(lease)
+        return owner is not None and owner == token.encode()
+
+    async def renew_leases(self, leases: dict[str, str]) -> list[str]:
+        """Renew every (stream key → token) lease in one round trip; returns the keys
+        whose lease is no longer theirs."""
+        if not leases:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for key, token in leases.items():
+            await self._renew(keys=[lease_key(key)], args=[token, self._lease_ms], client=pipe)
+        results = await pipe.execute()
+        return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
+
+    async def release_leases(self, leases: dict[str, str]) -> None:
+        if not leases:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for key, token in leases.items():
+            await self._release(keys=[lease_key(key)], args=[token], client=pipe)
+        await pipe.execute()
+
+    # -- reading --------------------------------------------------------------------
 
     async def read_start(self, key: str) -> StreamState:
         """The stream's tail and the cancel mark in one round trip; the whole stream
@@ -135,3 +270,13 @@ class Publisher:
     async def mark_cancelled(self, key: str) -> None:
         """Remember a cancel for a request that may not have been taken yet."""
         await self._redis.set(cancel_key(key), b"1", ex=self._ttl_s)
+
+    async def count_delivery(self, key: str) -> int:
+        """How many times this request's message was taken (for classic queues, which
+        do not count deliveries themselves)."""
+        counter = deliveries_key(key)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.incr(counter)
+        pipe.expire(counter, self._ttl_s)
+        count, _ = await pipe.execute()
+        return int(count)

@@ -51,8 +51,12 @@ class JobRunner:
         tokenizer: TokenizerInfo,
         publisher: Publisher,
         metrics: Metrics,
+        worker_id: str = "worker",
     ) -> None:
         self._settings = settings
+        self._worker_id = worker_id
+        self._lease_ids = itertools.count(1)
+        self._leases: dict[str, str] = {}  # stream key → lease token, for jobs in hand
         self._tokenizer = tokenizer
         self._publisher = publisher
         self._metrics = metrics
@@ -68,6 +72,7 @@ class JobRunner:
         self.engine_error: BaseException | None = None
         self.redis_healthy = True
         self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
 
     def attach(self, looper: Looper) -> None:
         self._looper = looper
@@ -106,44 +111,60 @@ class JobRunner:
             for engine_id in batch.aborts:
                 self._cancel_engine(engine_id)
             refused = await self._store(batch)
+            if refused is None:
+                continue  # given up: every job was handed back
             if refused:
                 self._fail_refused(refused, batch)
             self._settle(batch)
 
-    async def _store(self, batch: ProcessedBatch) -> dict[str, str]:
-        expire = [state.key for state, _ in batch.finished]
+    async def _store(self, batch: ProcessedBatch) -> dict[str, str] | None:
+        """Write the batch, retrying while Redis is unreachable. The batch and what the
+        engine delivers meanwhile are the buffer; when it holds more than
+        WORKER_REDIS_BUFFER_ENTRIES, every running job is handed back (None)."""
+        final = [state.key for state, _ in batch.finished]
         delay = 0.05
         while True:
+            tokens = {key: self._leases[key] for key, _, _ in batch.entries if key in self._leases}
             started = time.perf_counter()
             try:
-                refused = await self._publisher.write(batch.entries, expire)
+                refused = await self._publisher.write(batch.entries, final, tokens)
             except (RedisError, OSError) as exc:
                 self.redis_healthy = False
+                buffered = len(batch.entries) + len(self._inbox)
+                if buffered > self._settings.redis_buffer_entries:
+                    count = self.hand_back_all("Redis is unreachable and the buffer is full")
+                    log.error("%d entries buffered: %d running jobs handed back", buffered, count)
+                    return None
                 log.warning("storing %d entries failed (%s); retrying", len(batch.entries), exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
                 continue
             self.redis_healthy = True
             self._metrics.publish_latency.observe(time.perf_counter() - started)
+            for key in final:
+                if key not in refused:
+                    self._leases.pop(key, None)  # the script released it with the terminal
             return refused
 
     def _fail_refused(self, refused: dict[str, str], batch: ProcessedBatch) -> None:
-        """Requests whose stream Redis refuses for good (the key holds another type)
-        stop here; their jobs are dead-lettered with the reason."""
+        """Requests whose writes were refused stop here: a lost lease hands the job back
+        (another worker owns it now); a key Redis refuses for good (not a stream)
+        dead-letters it with the reason."""
         states = [s for s in self._running.values() if s.key in refused]
         states += [s for s, _ in batch.finished if s.key in refused]
         for state in states:
-            log.error("request %s: stream refused: %s", state.request_id, refused[state.key])
-            self._running.pop(state.request_id, None)
-            if self._processor.remove(state.engine_id) is not None:
-                self._cancel_engine(state.engine_id)
-            if state.done is not None and not state.done.done():
-                state.done.set_exception(
-                    StreamUnusable(
-                        f"stream key {state.key!r} cannot be written: {refused[state.key]}",
-                        request_id=state.request_id,
-                    )
+            reason = refused[state.key]
+            log.warning("request %s: not written: %s", state.request_id, reason)
+            error: Exception
+            if reason.startswith("the lease was lost"):
+                self._leases.pop(state.key, None)
+                error = HandBack(reason, request_id=state.request_id)
+            else:
+                error = StreamUnusable(
+                    f"stream key {state.key!r} cannot be written: {reason}",
+                    request_id=state.request_id,
                 )
+            self._drop(state, error)
 
     def _settle(self, batch: ProcessedBatch) -> None:
         now = time.monotonic()
@@ -190,6 +211,35 @@ class JobRunner:
 
     async def _run(self, job: Job, received_at: float) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
+        token = f"{self._worker_id}:{next(self._lease_ids)}"
+        await self._take_lease(key, token)
+        try:
+            return await self._run_leased(job, key, received_at)
+        finally:
+            if self._leases.get(key) == token:
+                # ended without writing a terminal entry through the pump (handed back,
+                # skipped, invalid, ended at once): the lease is no longer needed
+                del self._leases[key]
+                await self._release_quietly({key: token})
+
+    async def _take_lease(self, key: str, token: str) -> None:
+        """Own the request before touching its stream. A lease held by another worker
+        (one that lost its broker connection, or a duplicate message running there) is
+        waited out: it expires when its owner is gone, or is released when it ends."""
+        poll_s = min(self._settings.lease_ttl_s / 4, 1.0)
+        while not await self._redis(lambda: self._publisher.acquire_lease(key, token)):
+            if self._stopping:
+                raise HandBack("the worker is stopping")
+            await asyncio.sleep(poll_s)
+        self._leases[key] = token
+
+    async def _release_quietly(self, leases: dict[str, str]) -> None:
+        try:
+            await self._publisher.release_leases(leases)
+        except (RedisError, OSError) as exc:  # they expire on their own
+            log.debug("releasing %d leases failed: %s", len(leases), exc)
+
+    async def _run_leased(self, job: Job, key: str, received_at: float) -> JobResult:
         stream = await self._redis(lambda: self._publisher.read_start(key))
         if stream.terminal:
             return JobResult(None)
@@ -255,7 +305,13 @@ class JobRunner:
 
     async def _end_now(self, state: RequestState, finish: FinishReason) -> JobResult:
         terminal = Terminal(state.done_fields(finish), state.next_index)
-        await self._redis(lambda: self._publisher.append_terminal(state.key, terminal.fields))
+        token = self._leases.get(state.key, "")
+        appended = await self._redis(
+            lambda: self._publisher.append_terminal(state.key, terminal.fields, token)
+        )
+        if appended < 0:
+            raise HandBack("the lease was lost", request_id=state.request_id)
+        self._leases.pop(state.key, None)
         return JobResult(terminal)
 
     async def _submit(
@@ -333,14 +389,49 @@ class JobRunner:
 
     def hand_back_all(self, reason: str) -> int:
         """Stop writing for every running request and let its job go back to the queue
-        (drain timeout). Returns how many were handed back."""
-        self._stopping = True
+        (drain timeout, broker connection lost, engine dead, Redis buffer full). Their
+        leases are released so the next owner need not wait for them to expire."""
         states = list(self._running.values())
+        leases = {s.key: self._leases.pop(s.key) for s in states if s.key in self._leases}
         for state in states:
-            self._processor.remove(state.engine_id)
-            self._cancel_engine(state.engine_id)
-            if state.done is not None and not state.done.done():
-                state.done.set_exception(HandBack(reason, request_id=state.request_id))
-        self._running.clear()
-        self._metrics.in_flight.set(0)
+            self._drop(state, HandBack(reason, request_id=state.request_id))
+        if leases:
+            task = asyncio.get_running_loop().create_task(self._release_quietly(leases))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         return len(states)
+
+    def stop_taking(self) -> None:
+        """From now on jobs still waiting for Redis or a lease give up (hand back)."""
+        self._stopping = True
+
+    def _drop(self, state: RequestState, error: Exception) -> None:
+        """Forget a running request: no more writes, out of the engine, job settled."""
+        self._running.pop(state.request_id, None)
+        if self._processor.remove(state.engine_id) is not None:
+            self._cancel_engine(state.engine_id)
+        if state.done is not None and not state.done.done():
+            state.done.set_exception(error)
+        self._metrics.in_flight.set(len(self._running))
+
+    async def keep_leases(self) -> None:
+        """Forever: renew the leases of the jobs in hand. A job whose lease is gone (it
+        expired while Redis was away, and maybe another worker took it) is dropped and
+        handed back."""
+        every_s = self._settings.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(every_s)
+            leases = dict(self._leases)
+            try:
+                lost = await self._publisher.renew_leases(leases)
+            except (RedisError, OSError) as exc:
+                log.warning("renewing %d leases failed: %s", len(leases), exc)
+                continue
+            for key in lost:
+                if self._leases.get(key) != leases[key]:
+                    continue  # ended meanwhile
+                del self._leases[key]
+                state = next((s for s in self._running.values() if s.key == key), None)
+                if state is not None:
+                    log.warning("request %s: lease lost; handing it back", state.request_id)
+                    self._drop(state, HandBack("the lease was lost", request_id=state.request_id))

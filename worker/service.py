@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import time
+import uuid
+from pathlib import Path
 
 from redis.exceptions import RedisError
 
@@ -18,7 +22,7 @@ from worker.engine import engine_factory, start_engine
 from worker.http import ProbeServer
 from worker.looper import Looper
 from worker.metrics import EngineStatsCollector, Metrics
-from worker.publisher import Publisher
+from worker.publisher import Publisher, TlsFiles
 from worker.runner import JobRunner
 from worker.tokenizer import load_tokenizer
 
@@ -37,6 +41,7 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.metrics = Metrics()
         self.draining = False
         self.redis_up = False
@@ -63,8 +68,17 @@ class Service:
         log.info("starting the %s engine", settings.engine)
         engine = await start_engine(factory, settings.engine_start_timeout_s)
         self.metrics.capacity.set(engine.capacity)
-        self._publisher = Publisher.from_url(settings.redis_url, ttl_s=settings.stream_ttl_s)
-        runner = JobRunner(settings, tokenizer, self._publisher, self.metrics)
+        self._publisher = Publisher.from_url(
+            settings.redis_url,
+            ttl_s=settings.stream_ttl_s,
+            lease_ttl_s=settings.lease_ttl_s,
+            tls=TlsFiles(
+                ca_file=_path(settings.redis_ca_file),
+                cert_file=_path(settings.redis_cert_file),
+                key_file=_path(settings.redis_key_file),
+            ),
+        )
+        runner = JobRunner(settings, tokenizer, self._publisher, self.metrics, self.worker_id)
         self._runner = runner
         loop = asyncio.get_running_loop()
         self._looper = Looper(
@@ -80,6 +94,7 @@ class Service:
         runner.attach(self._looper)
         self._looper.start()
         self._tasks.append(asyncio.create_task(runner.pump(), name="pump"))
+        self._tasks.append(asyncio.create_task(runner.keep_leases(), name="leases"))
         try:
             await self._publisher.ping()
         except (RedisError, OSError) as exc:
@@ -110,6 +125,7 @@ class Service:
             await consumer.stop_consuming()
             finished = await consumer.wait_jobs(self.settings.drain_timeout_s)
             if not finished and self._runner is not None:
+                self._runner.stop_taking()
                 count = self._runner.hand_back_all("the worker is stopping")
                 log.info("drain timeout: %d running jobs handed back", count)
                 await consumer.wait_jobs(5.0)
@@ -184,13 +200,17 @@ class Service:
         self._stopped.set()
 
     async def _watch_redis(self) -> None:
+        """Ping Redis; while it does not answer, take no new jobs (readiness is 503)."""
         assert self._publisher is not None
         while True:
             await asyncio.sleep(REDIS_CHECK_S)
             try:
-                self.redis_up = await self._publisher.ping()
+                up = await self._publisher.ping()
             except (RedisError, OSError):
-                self.redis_up = False
+                up = False
+            if up != self.redis_up and self._consumer is not None and not self.draining:
+                await (self._consumer.resume() if up else self._consumer.pause())
+            self.redis_up = up
 
 
 async def serve(settings: Settings) -> int:
@@ -203,3 +223,7 @@ async def serve(settings: Settings) -> int:
         log.info("stopping: draining for up to %.0fs", settings.drain_timeout_s)
         failed = service.engine_failed
     return EXIT_ENGINE_DEAD if failed else EXIT_OK
+
+
+def _path(value: Path | None) -> str | None:
+    return None if value is None else str(value)
