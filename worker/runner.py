@@ -91,7 +91,7 @@ class JobRunner:
     def on_engine_death(self, exc: BaseException) -> None:
         """The engine is gone: its requests are not at fault, so their jobs go back to
         the queue and another worker continues their streams from the stored tokens."""
-        self.engine_error = exc
+        self.engine_error = exc  # from now on no job is submitted
         count = self.hand_back_all(f"the engine died: {type(exc).__name__}: {exc}")
         log.error("engine died: %d running jobs handed back", count)
 

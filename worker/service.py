@@ -195,6 +195,16 @@ class Service:
 
     def _on_engine_death(self, exc: BaseException) -> None:
         log.error("the engine died (%s): handing running jobs back and stopping", exc)
+        task = asyncio.get_running_loop().create_task(self._after_engine_death(exc))
+        self._tasks.append(task)
+
+    async def _after_engine_death(self, exc: BaseException) -> None:
+        """Stop consuming first, so the jobs handed back go to other workers instead of
+        coming straight back here (each return counts as a delivery)."""
+        if self._runner is not None:
+            self._runner.engine_error = exc
+        if self._consumer is not None:
+            await self._consumer.stop_consuming()
         if self._runner is not None:
             self._runner.on_engine_death(exc)
         self._stopped.set()

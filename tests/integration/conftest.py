@@ -6,8 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import aio_pika
@@ -76,6 +82,24 @@ class Subscriber:
                         entries.append(fields)
                         if fields["event"] in TERMINAL:
                             return entries
+
+    async def read_many(
+        self, request_ids: list[str], wait_s: float = 60.0
+    ) -> dict[str, list[Entry]]:
+        """Every stream to its terminal entry, with one XREAD over all that are open."""
+        entries: dict[str, list[Entry]] = {i: [] for i in request_ids}
+        last: dict[str, str] = {self.key(i): "0" for i in request_ids}
+        by_key = {self.key(i): i for i in request_ids}
+        async with asyncio.timeout(wait_s):
+            while last:
+                for key, items in await xread(self.redis, dict(last), count=1000):
+                    for entry_id, fields in items:
+                        entries[by_key[key]].append(fields)
+                        last[key] = entry_id
+                        if fields["event"] in TERMINAL:
+                            del last[key]
+                            break
+        return entries
 
     async def first_entry(self, request_id: str, wait_s: float = 15.0) -> Entry:
         async with asyncio.timeout(wait_s):
@@ -164,3 +188,102 @@ def run_worker(make_settings: Callable[..., Settings]) -> WorkerFactory:
             yield service
 
     return run
+
+
+# -- worker processes (fault injection) ---------------------------------------------------
+
+READY = re.compile(r"ready: engine \S+, HTTP on port (\d+)")
+
+
+@dataclass
+class WorkerProcess:
+    """A worker process whose stderr is read continuously (a full pipe would block it)."""
+
+    process: asyncio.subprocess.Process
+    lines: list[str] = field(default_factory=list)
+    http_port: int = 0
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _reader: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        while line := (await self.process.stderr.readline()).decode(errors="replace"):
+            self.lines.append(line)
+            match = READY.search(line)
+            if match:
+                self.http_port = int(match.group(1))
+                self._ready.set()
+
+    async def wait_ready(self, within_s: float = 30) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), within_s)
+        except TimeoutError:
+            raise AssertionError("worker not ready:\n" + "".join(self.lines)) from None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def wait(self, within_s: float = 30) -> int:
+        code = await asyncio.wait_for(self.process.wait(), within_s)
+        if self._reader is not None:
+            await self._reader
+        return code
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+Spawn = Callable[..., Awaitable[WorkerProcess]]
+
+
+@pytest.fixture
+async def spawn(
+    services: ServiceUrls, names: dict[str, str], tmp_path: Path
+) -> AsyncIterator[Spawn]:
+    """`await spawn(WORKER_ECHO_STEP_MS="5", ...)` starts a worker on this test's queue
+    and prefix and waits until it is ready (`ready=False`: do not wait)."""
+    started: list[WorkerProcess] = []
+
+    async def start(ready: bool = True, **env: str) -> WorkerProcess:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+        environment.update(
+            WORKER_AMQP_URL=services.amqp,
+            WORKER_REDIS_URL=services.redis,
+            WORKER_QUEUE=names["queue"],
+            WORKER_STREAM_PREFIX=names["stream_prefix"],
+            WORKER_HTTP_PORT="0",
+            WORKER_HTTP_HOST="127.0.0.1",
+            WORKER_LEASE_TTL_S="2",
+        )
+        environment.update(env)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "worker",
+            "serve",
+            env=environment,
+            cwd=tmp_path,
+            stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        worker = WorkerProcess(process)
+        worker._reader = asyncio.create_task(worker._read())
+        started.append(worker)
+        if ready:
+            await worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.send_signal(signal.SIGKILL)
+            await worker.process.wait()
+        if worker._reader is not None:
+            worker._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker._reader

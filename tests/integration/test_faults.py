@@ -1,0 +1,230 @@
+"""Nothing lost, nothing duplicated: real worker processes, broken for real (kill -9,
+dropped broker connections, a Redis that goes away, SIGTERM, a poison job)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Entry, Producer, Spawn, Subscriber, terminal, tokens
+from tests.services import ServiceUrls
+
+
+def rid() -> str:
+    return f"flt-{uuid.uuid4().hex[:10]}"
+
+
+def echo(prompt: str, n: int) -> str:
+    """What the echo engine makes of `prompt` with the byte-level tokenizer."""
+    data = prompt.encode()
+    return (data * (n // len(data) + 1))[:n].decode("utf-8", errors="replace")
+
+
+def assert_exact(entries: list[Entry], prompt: str, n: int) -> None:
+    """One terminal entry, last; indices 0..n-1 once each; the exact echo text."""
+    done = terminal(entries)
+    assert done["event"] == "done", done
+    token_entries = tokens(entries)
+    assert [int(e["index"]) for e in token_entries] == list(range(n))
+    text = "".join(e["text"] for e in token_entries)
+    assert text == done["generated_text"] == echo(prompt, n)
+    assert done["generated_tokens"] == str(n)
+
+
+async def wait_for_entries(subscriber: Subscriber, request_id: str, count: int) -> None:
+    """Until the stream holds `count` entries (XREAD blocks; no sleeping)."""
+    last_id, seen = "0", 0
+    async with asyncio.timeout(30):
+        while seen < count:
+            reply = await subscriber.redis.xread({subscriber.key(request_id): last_id}, block=1000)
+            for _, items in reply:
+                seen += len(items)
+                last_id = items[-1][0]
+
+
+async def test_kill_9_mid_stream_then_another_worker_resumes(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber
+) -> None:
+    request_id, prompt, n = rid(), "Resume me, 日本! ", 300
+    first = await spawn(WORKER_ECHO_STEP_MS="10")
+    await producer.publish(
+        {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": n}}
+    )
+    await wait_for_entries(subscriber, request_id, 40)
+    first.signal(signal.SIGKILL)
+    assert await first.wait() == -signal.SIGKILL
+    partial = await subscriber.entries(request_id)
+    assert partial
+    assert all(e["event"] == "token" for e in partial)
+    await spawn(WORKER_ECHO_STEP_MS="1")
+    entries = await subscriber.read_until_terminal(request_id, wait_s=60)
+    assert_exact(entries, prompt, n)
+    assert entries[: len(partial)] == partial  # what was published stays as it was
+
+
+async def test_broker_connections_closed_during_a_run(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+) -> None:
+    if shutil.which("rabbitmqctl") is None:
+        pytest.fail("rabbitmqctl is needed to close the broker's connections")
+    workers = [await spawn(WORKER_ECHO_STEP_MS="2", WORKER_MAX_BATCH="32") for _ in range(2)]
+    jobs = {rid(): f"job {n:03d} " for n in range(200)}
+    for request_id, prompt in jobs.items():
+        await producer.publish(
+            {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 60}}
+        )
+    await wait_for_entries(subscriber, next(iter(jobs)), 10)
+    assert await run("rabbitmqctl", "close_all_connections", "fault injection") == 0
+    results = list((await subscriber.read_many(list(jobs), wait_s=120)).values())
+    for (request_id, prompt), entries in zip(jobs.items(), results, strict=True):
+        assert_exact(entries, prompt, 60), request_id
+    assert all(w.process.returncode is None for w in workers), "the workers keep running"
+    assert any("broker connection lost" in w.log() for w in workers)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def start_redis(port: int, data_dir: Path) -> None:
+    """A private redis-server (never the shared one) that keeps its data across restarts."""
+    assert (
+        await run(
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "yes",
+            "--dir",
+            str(data_dir),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--logfile",
+            str(data_dir / "redis.log"),
+        )
+        == 0
+    )
+    await wait_until(lambda: redis_answers(port))
+
+
+async def run(*command: str) -> int:
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    return await asyncio.wait_for(process.wait(), 60)
+
+
+async def redis_answers(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+async def http_is(port: int, path: str, status: int) -> bool:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = await reader.read()
+    writer.close()
+    return int(head.split()[1]) == status
+
+
+async def wait_until(condition: Callable[[], Awaitable[bool]], within_s: float = 30) -> None:
+    """Poll another process's state (it offers no event to wait on)."""
+    async with asyncio.timeout(within_s):
+        while not await condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+async def test_redis_stopped_and_restarted_mid_run(
+    spawn: Spawn, producer: Producer, tmp_path: Path, names: dict[str, str]
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is needed for a private Redis")
+    import redis.asyncio as aioredis
+
+    from tests.integration.conftest import Subscriber as Reader
+
+    port = free_port()
+    await start_redis(port, tmp_path)
+    private = aioredis.Redis(port=port, decode_responses=True)
+    reader = Reader(private, names["stream_prefix"])
+    try:
+        worker = await spawn(
+            WORKER_REDIS_URL=f"redis://127.0.0.1:{port}/0", WORKER_ECHO_STEP_MS="5"
+        )
+        jobs = {rid(): f"r{n:02d}-" for n in range(30)}
+        for request_id, prompt in jobs.items():
+            await producer.publish(
+                {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 150}}
+            )
+        await wait_for_entries(reader, next(iter(jobs)), 20)
+        await run("redis-cli", "-p", str(port), "shutdown")
+        await wait_until(lambda: http_is(worker.http_port, "/readyz", 503))
+        await start_redis(port, tmp_path)
+        results = list((await reader.read_many(list(jobs), wait_s=120)).values())
+        for (request_id, prompt), entries in zip(jobs.items(), results, strict=True):
+            assert_exact(entries, prompt, 150), request_id
+        await wait_until(lambda: http_is(worker.http_port, "/readyz", 200))
+    finally:
+        await private.aclose()
+        await run("redis-cli", "-p", str(port), "shutdown", "nosave")
+
+
+async def test_sigterm_hands_unfinished_jobs_to_the_other_worker(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber
+) -> None:
+    leaving = await spawn(WORKER_ECHO_STEP_MS="5", WORKER_DRAIN_TIMEOUT_S="0.5")
+    jobs = {rid(): f"s{n:02d} " for n in range(20)}
+    for request_id, prompt in jobs.items():
+        await producer.publish(
+            {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 400}}
+        )
+    await wait_for_entries(subscriber, next(iter(jobs)), 20)
+    staying = await spawn(WORKER_ECHO_STEP_MS="1")
+    leaving.signal(signal.SIGTERM)
+    assert await leaving.wait() == 0
+    assert "handed back" in leaving.log()
+    results = list((await subscriber.read_many(list(jobs), wait_s=120)).values())
+    for (request_id, prompt), entries in zip(jobs.items(), results, strict=True):
+        assert_exact(entries, prompt, 400), request_id
+    assert staying.process.returncode is None
+
+
+async def test_poison_job_that_kills_workers_ends_in_the_dead_letter_queue(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+) -> None:
+    request_id = rid()
+    env = {"WORKER_ECHO_CRASH_TOKEN_ID": "255", "WORKER_DELIVERY_LIMIT": "2"}
+    first = await spawn(**env)
+    await producer.publish({"request_id": request_id, "input_ids": [97, 255]})
+    assert await first.wait() == 3  # the engine died on it
+    second = await spawn(**env)
+    try:
+        assert await second.wait() == 3
+    except TimeoutError:
+        raise AssertionError(second.log() + "\nFIRST:\n" + first.log()) from None
+    third = await spawn(**env)  # the third delivery is past the limit: not run
+    dead = await producer.get_dead(wait_s=30)
+    assert dead.headers["x-error-code"] == "internal_error"
+    assert "delivered 3 times" in str(dead.headers["x-error-message"])
+    entries = await subscriber.read_until_terminal(request_id)
+    assert terminal(entries)["event"] == "error"
+    assert third.process.returncode is None
