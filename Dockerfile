@@ -1,0 +1,86 @@
+# syntax=docker/dockerfile:1
+# Images of trtllm-worker. Two targets:
+#
+#   gpu (the last stage, so the default): FROM NVIDIA's TensorRT-LLM release image, which
+#       brings CUDA, TensorRT, Open MPI, PyTorch and tensorrt_llm itself; runs the trtllm
+#       and trtllm-executor engines. Linux x86_64 or aarch64 with an NVIDIA GPU and driver.
+#         docker build -t trtllm-worker:0.1.0 .
+#         docker build --build-arg TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:<tag> .
+#   cpu: python:3.12-slim with the built-in echo engine only, for demos (docker-compose.yml)
+#         docker build --target cpu -t trtllm-worker:0.1.0-cpu .
+#
+# Both run as the non-root user 1000, serve /healthz, /readyz and /metrics on port 8080, and
+# start `trtllm-worker serve` under dumb-init, which passes SIGTERM on (the worker drains)
+# and reaps the processes TensorRT-LLM spawns. The gpu image contains NVIDIA software under
+# NVIDIA's licence terms (see the base image).
+
+# TensorRT-LLM's release image; its tags follow the tensorrt_llm version. Engines built
+# with trtllm-build must be built with the same version as the image that serves them.
+ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.0
+ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
+
+# --- the worker as a wheel (pure Python: both images install it) ---------------------
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY worker ./worker
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# --- cpu: the echo engine, no GPU, no model ------------------------------------------
+FROM ${PYTHON_IMAGE} AS cpu
+LABEL org.opencontainers.image.title="trtllm-worker (cpu, echo engine)" \
+      org.opencontainers.image.description="TensorRT-LLM jobs from RabbitMQ, tokens to Redis streams; echo engine for demos" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN groupadd --gid 1000 worker \
+    && useradd --uid 1000 --gid 1000 --home-dir /home/worker --create-home \
+        --shell /usr/sbin/nologin worker
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install --no-cache-dir /tmp/wheels/*.whl dumb-init==1.2.5.post1 \
+    && rm -rf /tmp/wheels
+USER 1000:1000
+WORKDIR /home/worker
+ENV HOME=/home/worker \
+    WORKER_ENGINE=echo
+EXPOSE 8080
+ENTRYPOINT ["dumb-init", "--single-child", "--", "trtllm-worker"]
+CMD ["serve"]
+
+# --- gpu: TensorRT-LLM (the default target) -------------------------------------------
+FROM ${TRTLLM_IMAGE} AS gpu
+LABEL org.opencontainers.image.title="trtllm-worker" \
+      org.opencontainers.image.description="TensorRT-LLM jobs from RabbitMQ, tokens to Redis streams" \
+      org.opencontainers.image.licenses="Apache-2.0"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# user 1000 with home /home/worker (Ubuntu-based images may already have a user 1000:
+# it is kept, and only the home directory is added)
+RUN if ! getent passwd 1000 > /dev/null; then \
+        (getent group 1000 > /dev/null || groupadd --gid 1000 worker) \
+        && useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin worker; \
+    fi \
+    && mkdir -p /home/worker \
+    && chown 1000:1000 /home/worker
+COPY --from=wheel /wheels /tmp/wheels
+# tensorrt_llm and its CUDA stack come with the image and must not change: every package
+# the image holds is pinned while the worker is installed, so pip may add packages but
+# never replace one (a conflict fails the build instead of breaking TensorRT-LLM). The
+# trtllm extra's tensorrt-llm is the image's own; PyPI holds only a stub of it.
+RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
+    && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
+    && python3 -m pip install --no-cache-dir --constraint /tmp/image-packages.txt \
+        "${wheel}[trtllm]" dumb-init==1.2.5.post1 \
+    && python3 -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
+    && rm -rf /tmp/wheels /tmp/image-packages.txt \
+    && test -x /opt/nvidia/nvidia_entrypoint.sh
+USER 1000:1000
+WORKDIR /home/worker
+ENV HOME=/home/worker \
+    WORKER_ENGINE=trtllm
+EXPOSE 8080
+# NVIDIA's entrypoint first (driver checks, CUDA forward compatibility), which then execs
+# dumb-init and the worker
+ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "dumb-init", "--single-child", "--", "trtllm-worker"]
+CMD ["serve"]
