@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint typecheck pytest clean
+.PHONY: run test lint typecheck pytest fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ pytest: $(DEV_STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitMQ and Redis)
+
+fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

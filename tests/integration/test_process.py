@@ -33,12 +33,13 @@ def worker_env(services: ServiceUrls, names: dict[str, str], **extra: str) -> di
 
 
 async def wait_for_line(stream: asyncio.StreamReader, needle: str, wait_s: float = 20) -> str:
+    """The output up to and including the first line holding `needle`."""
     seen = []
     async with asyncio.timeout(wait_s):
         while line := (await stream.readline()).decode():
             seen.append(line)
             if needle in line:
-                return line
+                return "".join(seen)
     raise AssertionError(f"{needle!r} not in output: {''.join(seen)}")
 
 
@@ -113,3 +114,44 @@ async def test_unreachable_broker_is_one_line_and_nonzero(
     assert "cannot connect to RabbitMQ" in text
     assert "s3cret" not in text
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("reachable", [True, False], ids=["running", "unreachable"])
+async def test_passwords_never_reach_the_logs(
+    services: ServiceUrls,
+    names: dict[str, str],
+    tmp_path: os.PathLike[str],
+    producer: Producer,
+    subscriber: Subscriber,
+    reachable: bool,
+) -> None:
+    """Passwords in the URLs appear in no log line and no error, at DEBUG too."""
+    # Redis' default user takes any password, so a password in the URL still connects
+    redis_url = services.redis.replace("redis://", "redis://:Sup3r-s3cret@", 1)
+    if not reachable:
+        redis_url = "redis://:Sup3r-s3cret@127.0.0.1:1/0"
+    env = worker_env(services, names, WORKER_REDIS_URL=redis_url, WORKER_LOG_LEVEL="DEBUG")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        env=env,
+        cwd=tmp_path,
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    head = ""
+    if reachable:
+        assert process.stderr is not None
+        head = await wait_for_line(process.stderr, "ready:")
+        request_id = rid()
+        await producer.publish({"request_id": request_id, "inputs": "pw", "parameters": {}})
+        await subscriber.read_until_terminal(request_id, wait_s=30)
+        process.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(30):
+        stdout, stderr = await process.communicate()
+    text = head + (stdout + stderr).decode()
+    assert process.returncode == (0 if reachable else 69), text
+    assert "Sup3r-s3cret" not in text
+    assert ":guest@" not in text
+    assert "guest:***@" in text or not reachable
