@@ -96,6 +96,8 @@ async def test_broker_connections_closed_during_a_run(
         assert_exact(entries, prompt, 60)
     assert all(w.process.returncode is None for w in workers), "the workers keep running"
     assert any("broker connection lost" in w.log() for w in workers)
+    for worker in workers:  # reconnected and consuming again
+        await wait_until(lambda w=worker: http_is(w.http_port, "/readyz", 200))
 
 
 def free_port() -> int:
@@ -162,8 +164,11 @@ async def wait_until(condition: Callable[[], Awaitable[bool]], within_s: float =
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize(
+    "buffer_entries", ["100000", "20"], ids=["buffered", "buffer-full-hands-back"]
+)
 async def test_redis_stopped_and_restarted_mid_run(
-    spawn: Spawn, producer: Producer, tmp_path: Path, names: dict[str, str]
+    spawn: Spawn, producer: Producer, tmp_path: Path, names: dict[str, str], buffer_entries: str
 ) -> None:
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is needed for a private Redis")
@@ -177,7 +182,9 @@ async def test_redis_stopped_and_restarted_mid_run(
     reader = Reader(private, names["stream_prefix"])
     try:
         worker = await spawn(
-            WORKER_REDIS_URL=f"redis://127.0.0.1:{port}/0", WORKER_ECHO_STEP_MS="5"
+            WORKER_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            WORKER_ECHO_STEP_MS="5",
+            WORKER_REDIS_BUFFER_ENTRIES=buffer_entries,
         )
         jobs = {rid(): f"r{n:02d}-" for n in range(30)}
         for request_id, prompt in jobs.items():
@@ -192,6 +199,8 @@ async def test_redis_stopped_and_restarted_mid_run(
         for prompt, entries in zip(jobs.values(), results, strict=True):
             assert_exact(entries, prompt, 150)
         await wait_until(lambda: http_is(worker.http_port, "/readyz", 200))
+        if buffer_entries == "20":
+            assert "buffer is full" in worker.log()
     finally:
         await private.aclose()
         await run("redis-cli", "-p", str(port), "shutdown", "nosave")
