@@ -4,6 +4,7 @@ dropped broker connections, a Redis that goes away, SIGTERM, a poison job)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
 import signal
 import socket
@@ -96,8 +97,8 @@ async def test_broker_connections_closed_during_a_run(
         assert_exact(entries, prompt, 60)
     assert all(w.process.returncode is None for w in workers), "the workers keep running"
     assert any("broker connection lost" in w.log() for w in workers)
-    for worker in workers:  # reconnected and consuming again
-        await wait_until(lambda w=worker: http_is(w.http_port, "/readyz", 200))
+    for port in [w.http_port for w in workers]:  # reconnected and consuming again
+        await wait_until(functools.partial(http_is, port, "/readyz", 200))
 
 
 def free_port() -> int:
