@@ -313,6 +313,38 @@ def test_security_context(values: dict[str, Any]) -> None:
     assert rendered.pod_spec["automountServiceAccountToken"] is False
 
 
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+@pytest.mark.parametrize("values", [CHART_SECRET, ALL_ON], ids=["default", "all-on"])
+def test_restricted_pod_security_standard(values: dict[str, Any]) -> None:
+    # what a namespace enforcing the "restricted" Pod Security Standard admits (for the
+    # chart's own container; init containers come from the operator)
+    rendered = render(values)
+    spec = rendered.pod_spec
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(spec)
+    for volume in spec["volumes"]:
+        assert set(volume) - {"name"} <= RESTRICTED_VOLUME_TYPES, volume["name"]
+    container = rendered.container
+    context = container["securityContext"]
+    assert context.get("privileged", False) is False
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert not context["capabilities"].get("add")
+    assert context.get("runAsNonRoot", spec["securityContext"].get("runAsNonRoot")) is True
+    assert context.get("runAsUser", spec["securityContext"].get("runAsUser")) != 0
+    assert all("hostPort" not in port for port in container["ports"])
+
+
 def test_writable_places_of_a_read_only_root(default: Rendered) -> None:
     volumes, mounts = default.volumes(), default.mounts()
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
