@@ -52,7 +52,8 @@ class _Stop:
 
 _Command = _Submit | _Cancel | _Stop
 
-OutputSink = Callable[[list[EngineOutput]], None]
+OutputSink = Callable[[list[EngineOutput], float], None]
+"""Receives one batch of outputs and when the engine thread had it (`time.monotonic()`)."""
 DeathSink = Callable[[BaseException], None]
 
 
@@ -176,7 +177,7 @@ class Looper:
             self.heartbeat = time.monotonic()
             if self._stopping.is_set():  # nobody will consume it: drop it and stop
                 return
-        self._loop.call_soon_threadsafe(self._on_outputs, outputs)
+        self._loop.call_soon_threadsafe(self._on_outputs, outputs, self._progress_at)
 
     def _sample_stats(self) -> None:
         """Engine statistics, read on this thread (the engine's owner) for /metrics."""

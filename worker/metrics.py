@@ -14,6 +14,24 @@ from worker.engine.base import EngineStats
 # `_created` series double every family for no use to an operator
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+_FINE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    1,
+)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -60,6 +78,13 @@ class Metrics:
             "worker_redis_publish_seconds",
             "Time of one Redis pipeline of a batch",
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.emit_delay = Histogram(
+            "worker_token_emit_delay_seconds",
+            "From the engine thread having a batch of tokens to their entries being stored "
+            "(readable); the batch's oldest token",
+            buckets=_FINE_BUCKETS,
             registry=r,
         )
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200", registry=r)

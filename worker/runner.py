@@ -67,6 +67,7 @@ class JobRunner:
         self._cancel_requested: set[str] = set()
         self._inbox: list[EngineOutput] = []
         self._inbox_batches = 0
+        self._inbox_since: float | None = None  # when the engine had the oldest of them
         self._inbox_ready = asyncio.Event()
         self._looper: Looper | None = None
         self.engine_error: BaseException | None = None
@@ -83,9 +84,11 @@ class JobRunner:
 
     # -- from the looper thread (via call_soon_threadsafe) ---------------------------
 
-    def on_outputs(self, outputs: list[EngineOutput]) -> None:
+    def on_outputs(self, outputs: list[EngineOutput], emitted_at: float) -> None:
         self._inbox.extend(outputs)
         self._inbox_batches += 1
+        if self._inbox_since is None:
+            self._inbox_since = emitted_at
         self._inbox_ready.set()
 
     def on_engine_death(self, exc: BaseException) -> None:
@@ -105,6 +108,7 @@ class JobRunner:
             self._inbox_ready.clear()
             outputs, self._inbox = self._inbox, []
             batches, self._inbox_batches = self._inbox_batches, 0
+            emitted_at, self._inbox_since = self._inbox_since, None
             if self._looper is not None and batches:
                 self._looper.consumed(batches)
             batch = self._processor.process(outputs)
@@ -115,6 +119,8 @@ class JobRunner:
                 continue  # given up: every job was handed back
             if refused:
                 self._fail_refused(refused, batch)
+            if emitted_at is not None and batch.tokens:
+                self._metrics.emit_delay.observe(time.monotonic() - emitted_at)
             self._settle(batch)
 
     async def _store(self, batch: ProcessedBatch) -> dict[str, str] | None:

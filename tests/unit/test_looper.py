@@ -34,7 +34,7 @@ class Sink:
         self.callback_threads: set[int] = set()
         self._changed = asyncio.Event()
 
-    def on_outputs(self, outputs: list[EngineOutput]) -> None:
+    def on_outputs(self, outputs: list[EngineOutput], emitted_at: float = 0.0) -> None:
         self.callback_threads.add(threading.get_ident())
         self.batches.append(outputs)
         for output in outputs:
@@ -380,7 +380,9 @@ async def test_a_silent_engine_with_requests_in_flight_counts_as_dead() -> None:
     loop = asyncio.get_running_loop()
     died: asyncio.Future[BaseException] = loop.create_future()
     engine = EchoEngine(capacity=4, step_s=3600)  # its first step never comes
-    looper = Looper(engine, loop, lambda outputs: None, died.set_result, stall_timeout_s=0.2)
+    looper = Looper(
+        engine, loop, lambda outputs, emitted_at: None, died.set_result, stall_timeout_s=0.2
+    )
     looper.start()
     looper.submit(EngineRequest(id=1, prompt_ids=[1, 2], max_new_tokens=5))
     error = await asyncio.wait_for(died, 5)
