@@ -27,9 +27,10 @@ BUSY_TIMEOUT_S = 0.05
 """The longest `engine.wait`: bounds how late a command is seen when an engine cannot be
 woken (the echo engine can; TensorRT-LLM's Executor cannot)."""
 
-MAX_UNCONSUMED_BATCHES = 256
+MAX_UNCONSUMED_BATCHES = 2
 """Batches handed to the event loop and not yet taken before the thread stops asking
-the engine for more (an engine keeps its outputs meanwhile)."""
+the engine for more: the engine keeps its outputs meanwhile and hands them over in one
+bigger batch, so the event loop is never more than a couple of batches behind."""
 
 
 class EngineStalled(RuntimeError):

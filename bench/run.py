@@ -1,0 +1,349 @@
+"""trtllm-worker benchmark: real worker processes (echo engine standing in for a GPU),
+jobs published through RabbitMQ with publisher confirms, every stream read with XREAD as
+a subscriber does. `make bench` runs every scenario; `python bench/run.py --help`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import redis.asyncio as aioredis
+from tqdm import tqdm
+
+RESULTS = Path(__file__).parent / "results"
+AMQP_URL = os.environ.get("WORKER_TEST_AMQP_URL", "amqp://guest:guest@localhost:5672/")
+REDIS_URL = os.environ.get("WORKER_TEST_REDIS_URL", "redis://localhost:6379/0")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    streams: int  # jobs in all
+    tokens: int  # max_new_tokens of each
+    step_ms: float
+    batch: int
+    concurrency: int  # jobs published before waiting (the rest follow as jobs end)
+    description: str
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("throughput", 256, 256, 0, 256, 256, "256 streams × 256 tokens, 0 ms step"),
+        Scenario("latency", 200, 16, 0, 1, 1, "one stream at a time, 0 ms step"),
+        Scenario("realistic", 64, 512, 20, 64, 64, "64 streams × 512 tokens, 20 ms step"),
+        Scenario("short", 5000, 1, 0, 256, 5000, "5,000 jobs of 1 token"),
+        Scenario("soak", 100_000, 1, 0, 256, 2000, "100,000 jobs of 1 token: RSS growth"),
+    )
+}
+
+
+@dataclass
+class Result:
+    scenario: str
+    description: str
+    jobs: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    jobs_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    emit_ms_p50: float | None
+    emit_ms_p99: float | None
+    cpu_s_per_1000_tokens: float
+    rss_peak_mib: float
+    rss_start_mib: float
+    rss_end_mib: float
+    rss_growth_pct: float
+    redis_xadd_per_s: float
+    ratio: float
+    machine: str = field(default_factory=lambda: f"{os.cpu_count()} cores")
+    ttft_ms: list[float] = field(default_factory=list, repr=False)
+    tokens_over_time: list[tuple[float, int]] = field(default_factory=list, repr=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def proc_stat(pid: int) -> tuple[float, float]:
+    """(cpu seconds, rss MiB) of a process."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    with open(f"/proc/{pid}/status") as status:
+        rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return cpu, rss / 1024
+
+
+def peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+def redis_xadd_ceiling(requests: int = 300_000) -> float:
+    """Redis' own pipelined XADD rate for entries shaped like ours (redis-benchmark)."""
+    key = f"bench:ceiling:{uuid.uuid4().hex}"
+    out = subprocess.run(
+        ["redis-benchmark", "-q", "-n", str(requests), "-P", "64", "XADD", key, "*",
+         "event", "token", "index", "1", "token_id", "97", "text", "a"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout
+    subprocess.run(["redis-cli", "del", key], capture_output=True, check=False)
+    rates = re.findall(r"([\d.]+) requests per second", out)
+    return float(rates[-1])
+
+
+def start_worker(scenario: Scenario, queue: str, prefix: str, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env.update(
+        WORKER_AMQP_URL=AMQP_URL, WORKER_REDIS_URL=REDIS_URL, WORKER_QUEUE=queue,
+        WORKER_STREAM_PREFIX=prefix, WORKER_HTTP_PORT=str(port), WORKER_HTTP_HOST="127.0.0.1",
+        WORKER_ECHO_STEP_MS=str(scenario.step_ms), WORKER_MAX_BATCH=str(scenario.batch),
+        WORKER_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)),
+        WORKER_DEFAULT_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)), WORKER_LOG_LEVEL="WARNING",
+        WORKER_STREAM_TTL_S="600",
+    )
+    log = open(RESULTS / f"{scenario.name}.worker.log", "wb")  # noqa: SIM115 (lives with the process)
+    return subprocess.Popen([sys.executable, "-m", "worker", "serve"], env=env, stderr=log)
+
+
+def start_profiler(scenario: Scenario, pid: int) -> subprocess.Popen[bytes] | None:
+    """With BENCH_PROFILE set: py-spy's collapsed stacks of the worker, for hot spots."""
+    if not os.environ.get("BENCH_PROFILE"):
+        return None
+    profile = RESULTS / f"{scenario.name}.profile.txt"
+    return subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--format", "raw", "-o", str(profile),
+         "-r", "250", "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+    raw = (await reader.read()).decode()
+    writer.close()
+    head, _, body = raw.partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def wait_ready(port: int, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if (await http_get(port, "/readyz"))[0] == 200:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("the worker did not become ready")
+
+
+def histogram_quantiles(metrics: str, name: str) -> tuple[float | None, float | None]:
+    """p50 and p99 (ms) of a Prometheus histogram, interpolated within buckets."""
+    buckets = [
+        (float("inf") if le == "+Inf" else float(le), float(count))
+        for le, count in re.findall(rf'{name}_bucket{{le="([^"]+)"}} ([\d.e+]+)', metrics)
+    ]
+    if not buckets or buckets[-1][1] == 0:
+        return None, None
+    total = buckets[-1][1]
+
+    def quantile(q: float) -> float:
+        rank, previous_le, previous_count = q * total, 0.0, 0.0
+        for le, count in buckets:
+            if count >= rank:
+                if le == float("inf"):
+                    return previous_le * 1000
+                span = count - previous_count
+                fraction = (rank - previous_count) / span if span else 1.0
+                return (previous_le + (le - previous_le) * fraction) * 1000
+            previous_le, previous_count = le, count
+        return previous_le * 1000
+
+    return quantile(0.5), quantile(0.99)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
+    run_id = uuid.uuid4().hex[:8]
+    queue, prefix, port = f"bench-{run_id}", f"bench:{run_id}:", free_port()
+    worker = start_worker(scenario, queue, prefix, port)
+    redis = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    connection = await aio_pika.connect(AMQP_URL)
+    try:
+        await wait_ready(port)
+        profiler = start_profiler(scenario, worker.pid)
+        channel = await connection.channel(publisher_confirms=True)
+        cpu_start, rss_start = proc_stat(worker.pid)
+        ids = [f"{run_id}-{n}" for n in range(scenario.streams)]
+        published: dict[str, float] = {}
+        first_token: dict[str, float] = {}
+        open_keys: dict[str, str] = {}
+        tokens_seen = 0
+        timeline: list[tuple[float, int]] = []
+        progress = tqdm(total=scenario.streams, desc=scenario.name, unit="job", leave=False)
+        pending = list(reversed(ids))
+
+        async def publish(count: int) -> None:
+            batch = [pending.pop() for _ in range(min(count, len(pending)))]
+            for request_id in batch:
+                body = json.dumps({"request_id": request_id, "inputs": "bench ",
+                                   "parameters": {"max_new_tokens": scenario.tokens}}).encode()
+                published[request_id] = time.monotonic()
+                open_keys[prefix + request_id] = "0"
+            await asyncio.gather(*(
+                channel.default_exchange.publish(
+                    aio_pika.Message(
+                        json.dumps({"request_id": r, "inputs": "bench ",
+                                    "parameters": {"max_new_tokens": scenario.tokens}}).encode(),
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        content_type="application/json",
+                    ),
+                    routing_key=queue,
+                )
+                for r in batch
+            ))
+
+        started = time.monotonic()
+        await publish(scenario.concurrency)
+        done = 0
+        while done < scenario.streams:
+            streams = dict(list(open_keys.items())[:2000])
+            reply = await redis.xread(streams, block=1000, count=5000)  # type: ignore[arg-type]
+            now = time.monotonic()
+            finished = 0
+            for key, items in reply:
+                request_id = key[len(prefix):]
+                for entry_id, fields in items:
+                    event = fields["event"]
+                    if event == "token":
+                        tokens_seen += 1
+                        first_token.setdefault(request_id, now)
+                    elif event in ("done", "error"):
+                        finished += 1
+                        del open_keys[key]
+                        break
+                    open_keys[key] = entry_id
+            if finished:
+                done += finished
+                progress.update(finished)
+                timeline.append((now - started, tokens_seen))
+                if pending:
+                    await publish(finished)
+        seconds = time.monotonic() - started
+        progress.close()
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            profiler.wait(60)
+        cpu_end, rss_end = proc_stat(worker.pid)
+        rss_peak = peak_rss_mib(worker.pid)
+        _, metrics = await http_get(port, "/metrics")
+        emit_p50, emit_p99 = histogram_quantiles(metrics, "worker_token_emit_delay_seconds")
+        ttft = [(first_token[r] - published[r]) * 1000 for r in ids if r in first_token]
+        rate = tokens_seen / seconds
+        return Result(
+            scenario=scenario.name, description=scenario.description, jobs=scenario.streams,
+            tokens=tokens_seen, seconds=round(seconds, 3), tokens_per_s=round(rate, 1),
+            jobs_per_s=round(scenario.streams / seconds, 1),
+            ttft_ms_p50=round(percentile(ttft, 0.5), 3), ttft_ms_p99=round(percentile(ttft, 0.99), 3),
+            emit_ms_p50=None if emit_p50 is None else round(emit_p50, 3),
+            emit_ms_p99=None if emit_p99 is None else round(emit_p99, 3),
+            cpu_s_per_1000_tokens=round((cpu_end - cpu_start) / max(tokens_seen, 1) * 1000, 4),
+            rss_peak_mib=round(rss_peak, 1), rss_start_mib=round(rss_start, 1),
+            rss_end_mib=round(rss_end, 1),
+            rss_growth_pct=round((rss_end - rss_start) / rss_start * 100, 2),
+            redis_xadd_per_s=round(ceiling, 1), ratio=round(rate / ceiling, 4),
+            ttft_ms=ttft, tokens_over_time=timeline,
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=10_000)]
+        for start in range(0, len(keys), 10_000):
+            await redis.delete(*keys[start:start + 10_000])
+        channel2 = await connection.channel()
+        for name in (queue, f"{queue}.dead"):
+            await channel2.queue_delete(name)
+        await channel2.exchange_delete(f"{queue}.cancel")
+        await connection.close()
+        await redis.aclose()
+
+
+def plot(result: Result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (cdf, rate) = plt.subplots(1, 2, figsize=(11, 4))
+    ordered = sorted(result.ttft_ms)
+    cdf.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))])
+    cdf.set_xscale("log")
+    cdf.set_xlabel("publish → first token entry (ms)")
+    cdf.set_ylabel("fraction of jobs")
+    cdf.set_title(f"{result.scenario}: time to first token (CDF)")
+    cdf.grid(True, which="both", alpha=0.3)
+    times = [t for t, _ in result.tokens_over_time]
+    counts = [c for _, c in result.tokens_over_time]
+    rate.plot(times, counts)
+    rate.set_xlabel("seconds")
+    rate.set_ylabel("token entries read")
+    rate.set_title(f"{result.tokens_per_s:,.0f} tokens/s, {result.jobs_per_s:,.0f} jobs/s")
+    rate.grid(True, alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS),
+                        choices=[*SCENARIOS, []], help="default: all")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    ceiling = redis_xadd_ceiling()
+    print(f"redis-benchmark pipelined XADD: {ceiling:,.0f}/s")
+    for name in args.scenarios:
+        result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
+        data = {k: v for k, v in asdict(result).items() if k not in ("ttft_ms", "tokens_over_time")}
+        (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+        plot(result, RESULTS / f"{name}.png")
+        print(
+            f"{name:>10}: {result.tokens_per_s:>10,.0f} tokens/s ({result.ratio:.2f} of Redis)"
+            f"  {result.jobs_per_s:>8,.0f} jobs/s  TTFT p50 {result.ttft_ms_p50:.2f} ms"
+            f" p99 {result.ttft_ms_p99:.2f} ms  emit p99 {result.emit_ms_p99} ms"
+            f"  CPU {result.cpu_s_per_1000_tokens:.4f} s/1k tokens  RSS peak"
+            f" {result.rss_peak_mib:.0f} MiB (+{result.rss_growth_pct:.1f}%)"
+        )
+
+
+if __name__ == "__main__":
+    main()
