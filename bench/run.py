@@ -103,9 +103,29 @@ def redis_xadd_ceiling(requests: int = 300_000) -> float:
     """Redis' own pipelined XADD rate for entries shaped like ours (redis-benchmark)."""
     key = f"bench:ceiling:{uuid.uuid4().hex}"
     out = subprocess.run(
-        ["redis-benchmark", "-q", "-n", str(requests), "-P", "64", "XADD", key, "*",
-         "event", "token", "index", "1", "token_id", "97", "text", "a"],
-        capture_output=True, text=True, check=True, timeout=300,
+        [
+            "redis-benchmark",
+            "-q",
+            "-n",
+            str(requests),
+            "-P",
+            "64",
+            "XADD",
+            key,
+            "*",
+            "event",
+            "token",
+            "index",
+            "1",
+            "token_id",
+            "97",
+            "text",
+            "a",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     ).stdout
     subprocess.run(["redis-cli", "del", key], capture_output=True, check=False)
     rates = re.findall(r"([\d.]+) requests per second", out)
@@ -115,11 +135,17 @@ def redis_xadd_ceiling(requests: int = 300_000) -> float:
 def start_worker(scenario: Scenario, queue: str, prefix: str, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
     env.update(
-        WORKER_AMQP_URL=AMQP_URL, WORKER_REDIS_URL=REDIS_URL, WORKER_QUEUE=queue,
-        WORKER_STREAM_PREFIX=prefix, WORKER_HTTP_PORT=str(port), WORKER_HTTP_HOST="127.0.0.1",
-        WORKER_ECHO_STEP_MS=str(scenario.step_ms), WORKER_MAX_BATCH=str(scenario.batch),
+        WORKER_AMQP_URL=AMQP_URL,
+        WORKER_REDIS_URL=REDIS_URL,
+        WORKER_QUEUE=queue,
+        WORKER_STREAM_PREFIX=prefix,
+        WORKER_HTTP_PORT=str(port),
+        WORKER_HTTP_HOST="127.0.0.1",
+        WORKER_ECHO_STEP_MS=str(scenario.step_ms),
+        WORKER_MAX_BATCH=str(scenario.batch),
         WORKER_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)),
-        WORKER_DEFAULT_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)), WORKER_LOG_LEVEL="WARNING",
+        WORKER_DEFAULT_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)),
+        WORKER_LOG_LEVEL="WARNING",
         WORKER_STREAM_TTL_S="600",
     )
     log = open(RESULTS / f"{scenario.name}.worker.log", "wb")  # noqa: SIM115 (lives with the process)
@@ -132,9 +158,21 @@ def start_profiler(scenario: Scenario, pid: int) -> subprocess.Popen[bytes] | No
         return None
     profile = RESULTS / f"{scenario.name}.profile.txt"
     return subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--format", "raw", "-o", str(profile),
-         "-r", "250", "--nonblocking"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "py-spy",
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "-o",
+            str(profile),
+            "-r",
+            "1000",
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -212,22 +250,34 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
         async def publish(count: int) -> None:
             batch = [pending.pop() for _ in range(min(count, len(pending)))]
             for request_id in batch:
-                body = json.dumps({"request_id": request_id, "inputs": "bench ",
-                                   "parameters": {"max_new_tokens": scenario.tokens}}).encode()
+                body = json.dumps(
+                    {
+                        "request_id": request_id,
+                        "inputs": "bench ",
+                        "parameters": {"max_new_tokens": scenario.tokens},
+                    }
+                ).encode()
                 published[request_id] = time.monotonic()
                 open_keys[prefix + request_id] = "0"
-            await asyncio.gather(*(
-                channel.default_exchange.publish(
-                    aio_pika.Message(
-                        json.dumps({"request_id": r, "inputs": "bench ",
-                                    "parameters": {"max_new_tokens": scenario.tokens}}).encode(),
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        content_type="application/json",
-                    ),
-                    routing_key=queue,
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(
+                            json.dumps(
+                                {
+                                    "request_id": r,
+                                    "inputs": "bench ",
+                                    "parameters": {"max_new_tokens": scenario.tokens},
+                                }
+                            ).encode(),
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                            content_type="application/json",
+                        ),
+                        routing_key=queue,
+                    )
+                    for r in batch
                 )
-                for r in batch
-            ))
+            )
 
         started = time.monotonic()
         await publish(scenario.concurrency)
@@ -238,7 +288,7 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
             now = time.monotonic()
             finished = 0
             for key, items in reply:
-                request_id = key[len(prefix):]
+                request_id = key[len(prefix) :]
                 for entry_id, fields in items:
                     event = fields["event"]
                     if event == "token":
@@ -267,18 +317,26 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
         ttft = [(first_token[r] - published[r]) * 1000 for r in ids if r in first_token]
         rate = tokens_seen / seconds
         return Result(
-            scenario=scenario.name, description=scenario.description, jobs=scenario.streams,
-            tokens=tokens_seen, seconds=round(seconds, 3), tokens_per_s=round(rate, 1),
+            scenario=scenario.name,
+            description=scenario.description,
+            jobs=scenario.streams,
+            tokens=tokens_seen,
+            seconds=round(seconds, 3),
+            tokens_per_s=round(rate, 1),
             jobs_per_s=round(scenario.streams / seconds, 1),
-            ttft_ms_p50=round(percentile(ttft, 0.5), 3), ttft_ms_p99=round(percentile(ttft, 0.99), 3),
+            ttft_ms_p50=round(percentile(ttft, 0.5), 3),
+            ttft_ms_p99=round(percentile(ttft, 0.99), 3),
             emit_ms_p50=None if emit_p50 is None else round(emit_p50, 3),
             emit_ms_p99=None if emit_p99 is None else round(emit_p99, 3),
             cpu_s_per_1000_tokens=round((cpu_end - cpu_start) / max(tokens_seen, 1) * 1000, 4),
-            rss_peak_mib=round(rss_peak, 1), rss_start_mib=round(rss_start, 1),
+            rss_peak_mib=round(rss_peak, 1),
+            rss_start_mib=round(rss_start, 1),
             rss_end_mib=round(rss_end, 1),
             rss_growth_pct=round((rss_end - rss_start) / rss_start * 100, 2),
-            redis_xadd_per_s=round(ceiling, 1), ratio=round(rate / ceiling, 4),
-            ttft_ms=ttft, tokens_over_time=timeline,
+            redis_xadd_per_s=round(ceiling, 1),
+            ratio=round(rate / ceiling, 4),
+            ttft_ms=ttft,
+            tokens_over_time=timeline,
         )
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -288,7 +346,7 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
             worker.kill()
         keys = [k async for k in redis.scan_iter(match=prefix + "*", count=10_000)]
         for start in range(0, len(keys), 10_000):
-            await redis.delete(*keys[start:start + 10_000])
+            await redis.delete(*keys[start : start + 10_000])
         channel2 = await connection.channel()
         for name in (queue, f"{queue}.dead"):
             await channel2.queue_delete(name)
@@ -325,8 +383,13 @@ def plot(result: Result, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS),
-                        choices=[*SCENARIOS, []], help="default: all")
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        default=list(SCENARIOS),
+        choices=[*SCENARIOS, []],
+        help="default: all",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     ceiling = redis_xadd_ceiling()

@@ -15,6 +15,7 @@ import logging
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import hiredis
@@ -27,22 +28,38 @@ from worker.output import Fields
 log = logging.getLogger(__name__)
 
 TERMINAL_EVENTS = frozenset({"done", "error"})
+_TOKEN_FIELDS = 5  # event, index, token_id, text, logprob
 LEASE_LOST = -1
 
-# KEYS: stream, lease. ARGV: token, ttl (0: not the end), then per entry: id, field count,
-# fields... Appends while `token` holds the lease (or no lease is needed: token ""); an
-# entry refused as "equal or smaller" was stored by an earlier try and is skipped. On the
-# terminal batch (ttl > 0) the stream gets its expiry and the lease is released.
+# KEYS: stream, lease. ARGV: token, ttl (0: not the end), then the entries, each either
+#   't', id, index, token_id, text, logprob ('' for none)   -- a token entry, or
+#   'f', id, field count, field, value, ...                 -- any other entry.
+# Appends while `token` holds the lease (or none is needed: token ''); an entry refused as
+# "equal or smaller" was stored by an earlier try and is skipped. With ttl > 0 (the
+# request's last batch) the stream gets its expiry and the lease is released. Token
+# entries travel without their field names: a third of the bytes, far less packing.
 _FENCED_APPEND = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
 local i = 3
 local written = 0
+local ok
 while i <= #ARGV do
-  local id = ARGV[i]
-  local n = tonumber(ARGV[i + 1]) * 2
-  local fields = {}
-  for k = 1, n do fields[k] = ARGV[i + 1 + k] end
-  local ok = redis.pcall('XADD', KEYS[1], id, unpack(fields))
+  if ARGV[i] == 't' then
+    if ARGV[i + 5] == '' then
+      ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], 'event', 'token', 'index', ARGV[i + 2],
+        'token_id', ARGV[i + 3], 'text', ARGV[i + 4])
+    else
+      ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], 'event', 'token', 'index', ARGV[i + 2],
+        'token_id', ARGV[i + 3], 'text', ARGV[i + 4], 'logprob', ARGV[i + 5])
+    end
+    i = i + 6
+  else
+    local n = tonumber(ARGV[i + 2]) * 2
+    local fields = {}
+    for k = 1, n do fields[k] = ARGV[i + 2 + k] end
+    ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], unpack(fields))
+    i = i + 3 + n
+  end
   if type(ok) == 'table' and ok.err then
     if not string.find(ok.err, 'equal or smaller', 1, true) then
       return redis.error_reply(ok.err)
@@ -50,7 +67,6 @@ while i <= #ARGV do
   else
     written = written + 1
   end
-  i = i + 2 + n
 end
 if tonumber(ARGV[2]) > 0 then
   redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -200,12 +216,20 @@ class Publisher:
             return {}
         per_key: dict[str, list[str | int | float]] = {}
         for key, seq_id, fields in entries:
-            args = per_key.setdefault(key, [])
-            args.append(seq_id)
-            args.append(len(fields))
-            for name, value in fields.items():
-                args.append(name)
-                args.append(value)
+            args = per_key.get(key)
+            if args is None:
+                args = per_key[key] = []
+            if fields["event"] == "token" and len(fields) <= _TOKEN_FIELDS:
+                args += (
+                    "t",
+                    seq_id,
+                    fields["index"],
+                    fields["token_id"],
+                    fields["text"],
+                    fields.get("logprob", ""),
+                )
+            else:
+                args += ("f", seq_id, len(fields), *chain.from_iterable(fields.items()))
         final = set(final_keys)
         pipe = self._redis.pipeline(transaction=False)
         for key, args in per_key.items():

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -223,8 +224,14 @@ class Service:
             self.redis_up = up
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The event loop gives the GIL up for every socket call; with the engine's threads busy,
+Python's default 5 ms switch interval can keep it waiting that long to get it back."""
+
+
 async def serve(settings: Settings) -> int:
     """Run a worker until SIGTERM/SIGINT (exit 0 after draining) or engine death (3)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     loop = asyncio.get_running_loop()
     async with Service(settings) as service:
         for signum in (signal.SIGTERM, signal.SIGINT):
