@@ -31,48 +31,63 @@ TERMINAL_EVENTS = frozenset({"done", "error"})
 _TOKEN_FIELDS = 5  # event, index, token_id, text, logprob
 LEASE_LOST = -1
 
-# KEYS: stream, lease. ARGV: token, ttl (0: not the end), then the entries, each either
+# KEYS: stream 1, lease 1, stream 2, lease 2, ... ARGV, per stream: token ('' for none),
+# ttl (0: not its last batch), the number of arguments of its entries, then the entries,
+# each either
 #   't', id, index, token_id, text, logprob ('' for none)   -- a token entry, or
 #   'f', id, field count, field, value, ...                 -- any other entry.
-# Appends while `token` holds the lease (or none is needed: token ''); an entry refused as
-# "equal or smaller" was stored by an earlier try and is skipped. With ttl > 0 (the
-# request's last batch) the stream gets its expiry and the lease is released. Token
-# entries travel without their field names: a third of the bytes, far less packing.
+# A stream is appended to while its token holds its lease; an entry refused as "equal or
+# smaller" was stored by an earlier try and is skipped. With ttl > 0 the stream gets its
+# expiry and the lease is released. Returns per stream the entries written, -1 when the
+# lease is another's, or the error Redis gave ('ERR ...'). One call for the whole batch
+# (a call per stream cost Redis more than the appends), and token entries travel without
+# their field names.
 _FENCED_APPEND = """
-if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local i = 3
-local written = 0
-local ok
-while i <= #ARGV do
-  if ARGV[i] == 't' then
-    if ARGV[i + 5] == '' then
-      ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], 'event', 'token', 'index', ARGV[i + 2],
-        'token_id', ARGV[i + 3], 'text', ARGV[i + 4])
-    else
-      ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], 'event', 'token', 'index', ARGV[i + 2],
-        'token_id', ARGV[i + 3], 'text', ARGV[i + 4], 'logprob', ARGV[i + 5])
-    end
-    i = i + 6
+local results = {}
+local a = 1
+for s = 1, #KEYS, 2 do
+  local token, ttl, count = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local i, last = a + 3, a + 2 + count
+  a = last + 1
+  local result = 0
+  if token ~= '' and redis.call('GET', KEYS[s + 1]) ~= token then
+    result = -1
   else
-    local n = tonumber(ARGV[i + 2]) * 2
-    local fields = {}
-    for k = 1, n do fields[k] = ARGV[i + 2 + k] end
-    ok = redis.pcall('XADD', KEYS[1], ARGV[i + 1], unpack(fields))
-    i = i + 3 + n
-  end
-  if type(ok) == 'table' and ok.err then
-    if not string.find(ok.err, 'equal or smaller', 1, true) then
-      return redis.error_reply(ok.err)
+    local ok
+    while i <= last do
+      if ARGV[i] == 't' then
+        if ARGV[i + 5] == '' then
+          ok = redis.pcall('XADD', KEYS[s], ARGV[i + 1], 'event', 'token', 'index',
+            ARGV[i + 2], 'token_id', ARGV[i + 3], 'text', ARGV[i + 4])
+        else
+          ok = redis.pcall('XADD', KEYS[s], ARGV[i + 1], 'event', 'token', 'index',
+            ARGV[i + 2], 'token_id', ARGV[i + 3], 'text', ARGV[i + 4], 'logprob', ARGV[i + 5])
+        end
+        i = i + 6
+      else
+        local n = tonumber(ARGV[i + 2]) * 2
+        local fields = {}
+        for k = 1, n do fields[k] = ARGV[i + 2 + k] end
+        ok = redis.pcall('XADD', KEYS[s], ARGV[i + 1], unpack(fields))
+        i = i + 3 + n
+      end
+      if type(ok) == 'table' and ok.err then
+        if not string.find(ok.err, 'equal or smaller', 1, true) then
+          result = ok.err
+          break
+        end
+      else
+        result = result + 1
+      end
     end
-  else
-    written = written + 1
+    if type(result) == 'number' and ttl > 0 then
+      redis.call('EXPIRE', KEYS[s], ttl)
+      if token ~= '' then redis.call('DEL', KEYS[s + 1]) end
+    end
   end
+  results[#results + 1] = result
 end
-if tonumber(ARGV[2]) > 0 then
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
-  if ARGV[1] ~= '' then redis.call('DEL', KEYS[2]) end
-end
-return written
+return results
 """
 
 # KEYS: stream, lease. ARGV: ttl, token ('' for none), fields... Appends a terminal entry
@@ -231,19 +246,16 @@ class Publisher:
             else:
                 args += ("f", seq_id, len(fields), *chain.from_iterable(fields.items()))
         final = set(final_keys)
-        pipe = self._redis.pipeline(transaction=False)
+        keys: list[str] = []
+        flat: list[str | int | float] = []
         for key, args in per_key.items():
-            ttl = self._ttl_s if key in final else 0
-            await self._fenced_append(
-                keys=[key, lease_key(key)], args=[tokens.get(key, ""), ttl, *args], client=pipe
-            )
-        results = await pipe.execute(raise_on_error=False)
+            keys += (key, lease_key(key))
+            flat += (tokens.get(key, ""), self._ttl_s if key in final else 0, len(args), *args)
+        results = await self._fenced_append(keys=keys, args=flat)
         refused: dict[str, str] = {}
         for key, result in zip(per_key, results, strict=True):
-            if isinstance(result, ResponseError):
-                refused[key] = str(result)
-            elif isinstance(result, Exception):
-                raise result
+            if isinstance(result, bytes):
+                refused[key] = result.decode(errors="replace")
             elif result == LEASE_LOST:
                 refused[key] = "the lease was lost: another worker owns this request now"
         return refused
