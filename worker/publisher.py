@@ -20,7 +20,6 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from worker.errors import StreamUnusable
 from worker.output import Fields
@@ -111,6 +110,21 @@ if ARGV[2] ~= '' then redis.call('DEL', KEYS[2]) end
 return 1
 """
 
+# KEYS: stream, lease, cancel mark. ARGV: token, lease ms. A job's first call: take the
+# lease (or find it ours already) and read the stream's tail and the cancel mark, in one
+# round trip. nil: another holds the lease. {-1, error}: the key is not a stream.
+_START = """
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return false end
+end
+local tail = redis.pcall('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if type(tail) == 'table' and tail.err then
+  redis.call('DEL', KEYS[2])
+  return {-1, tail.err}
+end
+return {1, redis.call('EXISTS', KEYS[3]), tail}
+"""
+
 # KEYS: lease. ARGV: token, ttl ms. Renew the lease if the token still holds it.
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -182,6 +196,7 @@ class Publisher:
         self._fenced_append = client.register_script(_FENCED_APPEND)
         self._append_terminal = client.register_script(_APPEND_TERMINAL)
         self._renew = client.register_script(_RENEW)
+        self._start = client.register_script(_START)
         self._release = client.register_script(_RELEASE)
 
     @classmethod
@@ -270,14 +285,6 @@ class Publisher:
 
     # -- leases ---------------------------------------------------------------------
 
-    async def acquire_lease(self, key: str, token: str) -> bool:
-        """Take the request's lease if nobody holds it (or `token` already does)."""
-        lease = lease_key(key)
-        if await self._redis.set(lease, token, nx=True, px=self._lease_ms):
-            return True
-        owner = await self._redis.get(lease)
-        return owner is not None and owner == token.encode()
-
     async def renew_leases(self, leases: dict[str, str]) -> list[str]:
         """Renew every (stream key → token) lease in one round trip; returns the keys
         whose lease is no longer theirs."""
@@ -299,29 +306,35 @@ class Publisher:
 
     # -- reading --------------------------------------------------------------------
 
-    async def read_start(self, key: str) -> StreamState:
-        """The stream's tail and the cancel mark in one round trip; the whole stream
-        only when a resume needs it."""
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xrevrange(key, count=1)
-        pipe.exists(cancel_key(key))
-        try:
-            tail, cancelled = await pipe.execute()
-        except ResponseError as exc:
-            raise StreamUnusable(f"stream key {key!r} cannot be read: {exc}") from None
-        state = StreamState(cancelled=bool(cancelled))
-        if not tail:
+    async def start(self, key: str, token: str) -> StreamState | None:
+        """Take the request's lease and read what its stream holds, in one round trip
+        (the whole stream only when a resume needs it). None: another worker holds the
+        lease. Raises `StreamUnusable` when the key is not a stream."""
+        reply = await self._start(
+            keys=[key, lease_key(key), cancel_key(key)], args=[token, self._lease_ms]
+        )
+        if reply is None:
+            return None
+        if reply[0] == -1:
+            reason = reply[1].decode(errors="replace")
+            raise StreamUnusable(f"stream key {key!r} cannot be read: {reason}")
+        state = StreamState(cancelled=bool(reply[1]))
+        if not reply[2]:
             return state
-        last_fields = tail[0][1]
-        if last_fields.get(b"event", b"").decode() in TERMINAL_EVENTS:
+        flat = reply[2][0][1]
+        event = next((flat[i + 1] for i in range(0, len(flat), 2) if flat[i] == b"event"), b"")
+        if event.decode() in TERMINAL_EVENTS:
             state.terminal = True
             return state
+        await self._read_tokens(key, state)
+        return state
+
+    async def _read_tokens(self, key: str, state: StreamState) -> None:
         entries: list[tuple[bytes, dict[bytes, bytes]]] = await self._redis.xrange(key)  # type: ignore[assignment]
         for _, entry in entries:
             if entry.get(b"event") == b"token":
                 state.token_ids.append(int(entry[b"token_id"]))
                 state.texts.append(entry[b"text"].decode())
-        return state
 
     async def mark_cancelled(self, key: str) -> None:
         """Remember a cancel for a request that may not have been taken yet."""

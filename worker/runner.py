@@ -218,9 +218,9 @@ class JobRunner:
     async def _run(self, job: Job, received_at: float) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
         token = f"{self._worker_id}:{next(self._lease_ids)}"
-        await self._take_lease(key, token)
+        stream = await self._take_lease(key, token)
         try:
-            return await self._run_leased(job, key, received_at)
+            return await self._run_leased(job, key, stream, received_at)
         finally:
             if self._leases.get(key) == token:
                 # ended without writing a terminal entry through the pump (handed back,
@@ -228,16 +228,18 @@ class JobRunner:
                 del self._leases[key]
                 await self._release_quietly({key: token})
 
-    async def _take_lease(self, key: str, token: str) -> None:
-        """Own the request before touching its stream. A lease held by another worker
-        (one that lost its broker connection, or a duplicate message running there) is
-        waited out: it expires when its owner is gone, or is released when it ends."""
+    async def _take_lease(self, key: str, token: str) -> StreamState:
+        """Own the request before touching its stream, and read what it holds. A lease
+        held by another worker (one that lost its broker connection, or a duplicate
+        message running there) is waited out: it expires when its owner is gone, or is
+        released when it ends."""
         poll_s = min(self._settings.lease_ttl_s / 4, 1.0)
-        while not await self._redis(lambda: self._publisher.acquire_lease(key, token)):
+        while (stream := await self._redis(lambda: self._publisher.start(key, token))) is None:
             if self._stopping:
                 raise HandBack("the worker is stopping")
             await asyncio.sleep(poll_s)
         self._leases[key] = token
+        return stream
 
     async def _release_quietly(self, leases: dict[str, str]) -> None:
         try:
@@ -245,8 +247,9 @@ class JobRunner:
         except (RedisError, OSError) as exc:  # they expire on their own
             log.debug("releasing %d leases failed: %s", len(leases), exc)
 
-    async def _run_leased(self, job: Job, key: str, received_at: float) -> JobResult:
-        stream = await self._redis(lambda: self._publisher.read_start(key))
+    async def _run_leased(
+        self, job: Job, key: str, stream: StreamState, received_at: float
+    ) -> JobResult:
         if stream.terminal:
             return JobResult(None)
         prepared = await self._prepare(job)
