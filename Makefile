@@ -6,8 +6,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test lint typecheck pytest fuzz clean
+.PHONY: run test lint typecheck pytest fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +22,16 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(STAMP)
 
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@ $(DEV_STAMP) $(STAMP)
+
 run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine)
 	$(BIN)/trtllm-worker serve
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check worker tests
-	$(BIN)/ruff format --check worker tests
+	$(BIN)/ruff check worker tests bench
+	$(BIN)/ruff format --check worker tests bench
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
@@ -38,6 +43,9 @@ test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitM
 
 fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
+
+bench: $(BENCH_STAMP)  ## every scenario; results in bench/results/ (BENCH_PROFILE=1: py-spy profiles)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py $(SCENARIOS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -43,9 +42,9 @@ class Scenario:
 SCENARIOS = {
     s.name: s
     for s in (
-        Scenario("throughput", 256, 256, 0, 256, 256, "256 streams × 256 tokens, 0 ms step"),
+        Scenario("throughput", 256, 256, 0, 256, 256, "256 streams x 256 tokens, 0 ms step"),
         Scenario("latency", 200, 16, 0, 1, 1, "one stream at a time, 0 ms step"),
-        Scenario("realistic", 64, 512, 20, 64, 64, "64 streams × 512 tokens, 20 ms step"),
+        Scenario("realistic", 64, 512, 20, 64, 64, "64 streams x 512 tokens, 20 ms step"),
         Scenario("short", 5000, 1, 0, 256, 5000, "5,000 jobs of 1 token"),
         Scenario("soak", 100_000, 1, 0, 256, 2000, "100,000 jobs of 1 token: RSS growth"),
     )
@@ -68,6 +67,7 @@ class Result:
     cpu_s_per_1000_tokens: float
     rss_peak_mib: float
     rss_start_mib: float
+    rss_warm_mib: float
     rss_end_mib: float
     rss_growth_pct: float
     redis_xadd_per_s: float
@@ -227,7 +227,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
+async def run_scenario(scenario: Scenario, ceiling: float) -> Result:  # noqa: C901
     run_id = uuid.uuid4().hex[:8]
     queue, prefix, port = f"bench-{run_id}", f"bench:{run_id}:", free_port()
     worker = start_worker(scenario, queue, prefix, port)
@@ -250,13 +250,6 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
         async def publish(count: int) -> None:
             batch = [pending.pop() for _ in range(min(count, len(pending)))]
             for request_id in batch:
-                body = json.dumps(
-                    {
-                        "request_id": request_id,
-                        "inputs": "bench ",
-                        "parameters": {"max_new_tokens": scenario.tokens},
-                    }
-                ).encode()
                 published[request_id] = time.monotonic()
                 open_keys[prefix + request_id] = "0"
             await asyncio.gather(
@@ -282,6 +275,8 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
         started = time.monotonic()
         await publish(scenario.concurrency)
         done = 0
+        warm_at = max(scenario.streams // 10, 1)  # growth is measured after a warm-up
+        rss_warm = rss_start
         while done < scenario.streams:
             streams = dict(list(open_keys.items())[:2000])
             reply = await redis.xread(streams, block=1000, count=5000)  # type: ignore[arg-type]
@@ -299,10 +294,13 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
                         del open_keys[key]
                         break
                     open_keys[key] = entry_id
+            if not timeline or now - started - timeline[-1][0] >= 0.02:
+                timeline.append((now - started, tokens_seen))
             if finished:
+                if done < warm_at <= done + finished:
+                    rss_warm = proc_stat(worker.pid)[1]
                 done += finished
                 progress.update(finished)
-                timeline.append((now - started, tokens_seen))
                 if pending:
                     await publish(finished)
         seconds = time.monotonic() - started
@@ -332,7 +330,8 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
             rss_peak_mib=round(rss_peak, 1),
             rss_start_mib=round(rss_start, 1),
             rss_end_mib=round(rss_end, 1),
-            rss_growth_pct=round((rss_end - rss_start) / rss_start * 100, 2),
+            rss_warm_mib=round(rss_warm, 1),
+            rss_growth_pct=round((rss_end - rss_warm) / rss_warm * 100, 2),
             redis_xadd_per_s=round(ceiling, 1),
             ratio=round(rate / ceiling, 4),
             ttft_ms=ttft,
@@ -353,6 +352,51 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:
         await channel2.exchange_delete(f"{queue}.cancel")
         await connection.close()
         await redis.aclose()
+
+
+def thread_cpu_s(pid: int, name: str) -> float:
+    """CPU seconds of the process's thread called `name`."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == name[:15]:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+    raise RuntimeError(f"no thread {name!r}")
+
+
+async def measure_idle(seconds: float = 10.0) -> dict[str, Any]:
+    """CPU of an idle worker: its engine loop thread and the whole process."""
+    scenario = Scenario("idle", 0, 1, 0, 64, 0, f"no jobs for {seconds:.0f} s")
+    run_id = uuid.uuid4().hex[:8]
+    queue, port = f"bench-{run_id}", free_port()
+    worker = start_worker(scenario, queue, f"bench:{run_id}:", port)
+    try:
+        await wait_ready(port)
+        await asyncio.sleep(1)  # let start-up settle
+        looper_before, (process_before, _) = (
+            thread_cpu_s(worker.pid, "engine-looper"),
+            proc_stat(worker.pid),
+        )
+        await asyncio.sleep(seconds)
+        looper_after, (process_after, _) = (
+            thread_cpu_s(worker.pid, "engine-looper"),
+            proc_stat(worker.pid),
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        connection = await aio_pika.connect(AMQP_URL)
+        channel = await connection.channel()
+        for name in (queue, f"{queue}.dead"):
+            await channel.queue_delete(name)
+        await channel.exchange_delete(f"{queue}.cancel")
+        await connection.close()
+    return {
+        "scenario": "idle",
+        "seconds": seconds,
+        "looper_cpu_pct": round((looper_after - looper_before) / seconds * 100, 3),
+        "process_cpu_pct": round((process_after - process_before) / seconds * 100, 3),
+    }
 
 
 def plot(result: Result, path: Path) -> None:
@@ -386,15 +430,26 @@ def main() -> None:
     parser.add_argument(
         "scenarios",
         nargs="*",
-        default=list(SCENARIOS),
-        choices=[*SCENARIOS, []],
-        help="default: all",
+        metavar="SCENARIO",
+        help=f"some of {', '.join(SCENARIOS)}, idle (default: all)",
     )
     args = parser.parse_args()
+    unknown = [name for name in args.scenarios if name not in [*SCENARIOS, "idle"]]
+    if unknown:
+        parser.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    args.scenarios = args.scenarios or [*SCENARIOS, "idle"]
     RESULTS.mkdir(exist_ok=True)
     ceiling = redis_xadd_ceiling()
     print(f"redis-benchmark pipelined XADD: {ceiling:,.0f}/s")
     for name in args.scenarios:
+        if name == "idle":
+            idle = asyncio.run(measure_idle())
+            (RESULTS / "idle.json").write_text(json.dumps(idle, indent=2) + "\n")
+            print(
+                f"{name:>10}: engine loop thread {idle['looper_cpu_pct']:.2f}% of a core,"
+                f" whole worker {idle['process_cpu_pct']:.2f}%"
+            )
+            continue
         result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
         data = {k: v for k, v in asdict(result).items() if k not in ("ttft_ms", "tokens_over_time")}
         (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -404,7 +459,7 @@ def main() -> None:
             f"  {result.jobs_per_s:>8,.0f} jobs/s  TTFT p50 {result.ttft_ms_p50:.2f} ms"
             f" p99 {result.ttft_ms_p99:.2f} ms  emit p99 {result.emit_ms_p99} ms"
             f"  CPU {result.cpu_s_per_1000_tokens:.4f} s/1k tokens  RSS peak"
-            f" {result.rss_peak_mib:.0f} MiB (+{result.rss_growth_pct:.1f}%)"
+            f" {result.rss_peak_mib:.0f} MiB (+{result.rss_growth_pct:.1f}% after warm-up)"
         )
 
 
