@@ -1,87 +1,811 @@
-"""A small client for producers and subscribers: publish a job (persistent, with
-publisher confirms), follow its stream from any entry id, cancel it."""
+"""The client SDK: publish jobs, follow their streams, cancel them, inspect and requeue
+dead letters, without writing AMQP or Redis code.
+
+```python
+async with Client(load_settings()) as client:
+    request_id = await client.submit("Once upon a time", {"max_new_tokens": 64})
+    async for event in client.stream(request_id):
+        ...  # TokenEvent, then one DoneEvent or ErrorEvent
+```
+
+`SyncClient` offers the same calls for scripts that do not run an event loop. The
+client owns one AMQP connection (opened on first use: a pure subscriber never touches the
+broker) and one Redis client."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import ssl
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterator,
+    Mapping,
+)
+from collections.abc import Sequence as Seq
 from datetime import datetime
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Literal, TypeVar, cast
 
 import aio_pika
+import aiormq
+import pydantic_core
 import redis.asyncio as aioredis
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker.publisher import TERMINAL_EVENTS
+from worker.config import Settings, redact_url
+from worker.consumer import amqp_ssl_context
+from worker.errors import InvalidJob
+from worker.publisher import TERMINAL_EVENTS, cancel_key, deliveries_key
+from worker.schema import (
+    REQUEST_ID_PATTERN,
+    JobLimits,
+    Parameters,
+    describe,
+    parse_job,
+    valid_request_id,
+)
 
-XREAD_BLOCK_MS = 1000
+__all__ = [
+    "Client",
+    "ClientError",
+    "DeadLetter",
+    "DoneEvent",
+    "ErrorEvent",
+    "Event",
+    "InvalidJobError",
+    "JobFailed",
+    "QueueMissing",
+    "ServiceUnavailable",
+    "StreamFormatError",
+    "SyncClient",
+    "TokenEvent",
+    "job_body",
+    "parse_entry",
+]
+
+XREAD_BLOCK_MS = 2000
+SOCKET_TIMEOUT_S = 10.0  # above XREAD_BLOCK_MS: a blocked XREAD must not time out
+CONNECT_TIMEOUT_S = 5.0
+XREAD_COUNT = 512
+BACKOFF_INITIAL_S = 0.05
+BACKOFF_MAX_S = 2.0
+DEFAULT_CLIENT_NAME = "trtllm-worker-client"
+ERROR_HEADERS = frozenset({"x-error-code", "x-error-message"})
+# Broker bookkeeping a republished copy must not carry: a quorum queue's delivery count
+# would make the worker count the dead letter's past deliveries against the new job.
+DROPPED_HEADERS = ERROR_HEADERS | {"x-delivery-count"}
+# Schema-only validation when the worker's limits are not known.
+_UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
+
+# KEYS: stream, deliveries counter. The job is about to run again: forget its delivery
+# count, and remove its stream if it ends with the `error` entry the worker wrote when it
+# dead-lettered the job (a stream that ends with a terminal entry is never run again).
+# 1: the stream was removed; 0: left as it was (absent, not a stream, or not ended by an
+# error).
+_RESET_FOR_REQUEUE = """
+redis.call('DEL', KEYS[2])
+if redis.call('TYPE', KEYS[1]).ok ~= 'stream' then return 0 end
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #tail == 0 then return 0 end
+local fields = tail[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'event' then
+    if fields[i + 1] == 'error' then
+      redis.call('DEL', KEYS[1])
+      return 1
+    end
+    return 0
+  end
+end
+return 0
+"""
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+class ClientError(Exception):
+    """Base of the client's errors; the message is one line a user can act on."""
+
+
+class InvalidJobError(ClientError, ValueError):
+    """The job would be rejected by the worker; nothing was published. The message is
+    the worker's own (it names the field)."""
+
+    def __init__(self, message: str, *, code: str = "invalid_request") -> None:
+        super().__init__(f"invalid job: {message}")
+        self.code = code
+        self.message = message
+
+
+class JobFailed(ClientError):
+    """The job ended with an `error` entry."""
+
+    def __init__(self, request_id: str, code: str, message: str) -> None:
+        super().__init__(f"request {request_id} failed: {code}: {message}")
+        self.request_id = request_id
+        self.code = code
+        self.message = message
+
+
+class ServiceUnavailable(ClientError, ConnectionError):
+    """RabbitMQ or Redis does not answer (or stopped answering for too long)."""
+
+
+class QueueMissing(ServiceUnavailable):
+    """The job queue does not exist: no worker has declared it yet."""
+
+
+class StreamFormatError(ClientError):
+    """A stream entry does not have the fields the contract gives its event."""
+
+
+# -- events ---------------------------------------------------------------------------
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    entry_id: str
+    """The stream entry id (`0-<n>`): `stream(request_id, from_id=entry_id)` resumes after it."""
+
+
+class TokenEvent(_Entry):
+    """One generated token. `text` is the text this token completes (may be empty)."""
+
+    event: Literal["token"] = "token"
+    index: int
+    token_id: int
+    text: str
+    logprob: float | None = None
+
+
+class DoneEvent(_Entry):
+    """The request finished; the last entry of its stream."""
+
+    event: Literal["done"] = "done"
+    finish_reason: str
+    generated_tokens: int
+    input_tokens: int
+    generated_text: str
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _json(cls, value: object) -> object:
+        if isinstance(value, str | bytes):
+            return json.loads(value)
+        return value
+
+
+class ErrorEvent(_Entry):
+    """The request failed; the last entry of its stream."""
+
+    event: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+_EVENT_TYPES: dict[str, type[TokenEvent] | type[DoneEvent] | type[ErrorEvent]] = {
+    "token": TokenEvent,
+    "done": DoneEvent,
+    "error": ErrorEvent,
+}
+
+
+def parse_entry(entry_id: str, fields: Mapping[str, str]) -> Event | None:
+    """A stream entry as its typed event; None for an event type this client does not
+    know (the contract says to ignore those). Raises `StreamFormatError`."""
+    model = _EVENT_TYPES.get(fields.get("event", ""))
+    if model is None:
+        return None
+    try:
+        return model.model_validate({**fields, "entry_id": entry_id})
+    except (ValidationError, ValueError) as exc:
+        reason = describe(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise StreamFormatError(f"entry {entry_id}: {reason}") from None
+
+
+# -- dead letters ---------------------------------------------------------------------
+
+
+class DeadLetter(BaseModel):
+    """A message of `<queue>.dead` and why the worker could not run it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str | None
+    """From the body when it holds a well-formed one, else the AMQP message_id."""
+    code: str
+    message: str
+    body: bytes
+    content_type: str | None = None
+    message_id: str | None = None
+    headers: dict[str, Any] = {}
+
+
+def _header_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def _dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
+    headers = dict(message.headers or {})
+    request_id: str | None = None
+    try:
+        data = pydantic_core.from_json(message.body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "request_id" in data:
+        request_id = valid_request_id(data["request_id"])
+    else:
+        request_id = valid_request_id(message.message_id)
+    return DeadLetter(
+        request_id=request_id,
+        code=_header_text(headers.get("x-error-code")) or "unknown",
+        message=_header_text(headers.get("x-error-message")),
+        body=message.body,
+        content_type=message.content_type,
+        message_id=message.message_id,
+        headers={k: v for k, v in headers.items() if k != "x-delivery-count"},
+    )
+
+
+# -- the job body ---------------------------------------------------------------------
 
 
 def job_body(
+    inputs: str | Seq[int] | None = None,
+    parameters: Mapping[str, Any] | Parameters | None = None,
     *,
-    inputs: str | None = None,
-    input_ids: list[int] | None = None,
-    parameters: Mapping[str, Any] | None = None,
+    input_ids: Seq[int] | None = None,
     request_id: str | None = None,
-    deadline: datetime | None = None,
+    deadline: datetime | str | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The job message as the contract defines it (a fresh request id if none is given)."""
+    """The job message as the contract defines it (a fresh request id if none is given).
+    `inputs` may be a prompt string or a list of token ids (sent as `input_ids`)."""
     body: dict[str, Any] = {"request_id": request_id or uuid.uuid4().hex}
-    if inputs is not None:
+    if isinstance(inputs, str):
         body["inputs"] = inputs
+    elif inputs is not None:
+        body["input_ids"] = list(inputs)
     if input_ids is not None:
         body["input_ids"] = list(input_ids)
-    if parameters:
+    if isinstance(parameters, Parameters):
+        body["parameters"] = parameters.model_dump(exclude_unset=True)
+    elif parameters:
         body["parameters"] = dict(parameters)
     if deadline is not None:
-        body["deadline"] = deadline.isoformat()
+        body["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
     if metadata is not None:
         body["metadata"] = dict(metadata)
     return body
 
 
-async def submit(amqp_url: str, queue: str, body: Mapping[str, Any]) -> str:
-    """Publish one job; returns once the broker confirmed it. Returns the request id."""
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
+def validate_job(body: Mapping[str, Any], limits: JobLimits | None = None) -> bytes:
+    """The encoded body, validated exactly as the worker will (`InvalidJobError`)."""
+    try:
+        encoded = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobError(f"body is not JSON-serialisable: {exc}") from None
+    try:
+        parse_job(
+            encoded,
+            content_type="application/json",
+            message_id=None,
+            limits=limits or _UNBOUNDED,
+        )
+    except InvalidJob as exc:
+        raise InvalidJobError(exc.message, code=exc.code) from None
+    return encoded
+
+
+# -- connections ----------------------------------------------------------------------
+
+
+def redis_client(
+    url: str,
+    *,
+    client_name: str = DEFAULT_CLIENT_NAME,
+    settings: Settings | None = None,
+    socket_timeout_s: float = SOCKET_TIMEOUT_S,
+) -> aioredis.Redis:
+    """A text-mode Redis client that reports failures at once (no hidden retries: the
+    stream reader retries itself, from the last entry id it saw)."""
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "client_name": client_name,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": socket_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if settings is not None and url.startswith("rediss://"):
+        files = {
+            "ssl_ca_certs": settings.redis_ca_file,
+            "ssl_certfile": settings.redis_cert_file,
+            "ssl_keyfile": settings.redis_key_file,
+        }
+        if settings.redis_ca_file or settings.redis_cert_file:
+            options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
+            options.update({name: str(path) for name, path in files.items() if path})
+    return aioredis.Redis.from_url(url, **options)
+
+
+async def connect_amqp(
+    url: str, *, settings: Settings | None = None, timeout_s: float = CONNECT_TIMEOUT_S
+) -> AbstractConnection:
+    """A broker connection, or `ServiceUnavailable` with a one-line reason."""
+    try:
+        return await aio_pika.connect(
+            url,
+            timeout=timeout_s,
+            client_properties={"connection_name": DEFAULT_CLIENT_NAME},
+            ssl_context=amqp_ssl_context(settings) if settings is not None else None,
+        )
+    except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
+        raise ServiceUnavailable(
+            f"cannot connect to RabbitMQ at {redact_url(url)}: {_reason(exc)}"
+        ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+_T = TypeVar("_T")
+
+
+class Client:
+    """Producer, subscriber and operator calls against one worker deployment.
+
+    Built from the worker's `Settings` (queue, stream prefix, URLs, TLS files, job limits)
+    or from URLs: `Client(amqp_url=..., redis_url=..., queue="generate",
+    stream_prefix="gen:")`; explicit arguments override the settings. Use it as an async
+    context manager (or call `aclose()`)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        amqp_url: str | None = None,
+        redis_url: str | None = None,
+        queue: str | None = None,
+        stream_prefix: str | None = None,
+        client_name: str = DEFAULT_CLIENT_NAME,
+        reconnect_timeout_s: float = 60.0,
+        confirm_timeout_s: float = 30.0,
+        xread_block_ms: int = XREAD_BLOCK_MS,
+    ) -> None:
+        defaults = settings if settings is not None else Settings.model_construct()
+        self.amqp_url = amqp_url or defaults.amqp_url
+        self.redis_url = redis_url or defaults.redis_url
+        self.queue = queue or defaults.queue
+        self.stream_prefix = stream_prefix or defaults.stream_prefix
+        self.stream_ttl_s = defaults.stream_ttl_s
+        self.limits = (
+            JobLimits(settings.max_new_tokens, settings.default_max_new_tokens)
+            if settings is not None
+            else None
+        )
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.confirm_timeout_s = confirm_timeout_s
+        self.xread_block_ms = xread_block_ms
+        self.reconnects = 0
+        """How many times a stream reader lost Redis and carried on."""
+        self._settings = settings
+        self._redis = redis_client(
+            self.redis_url,
+            client_name=client_name,
+            settings=settings,
+            socket_timeout_s=max(SOCKET_TIMEOUT_S, xread_block_ms / 1000 + 5),
+        )
+        self._reset_script = self._redis.register_script(_RESET_FOR_REQUEUE)
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._cancel_exchange: aio_pika.abc.AbstractExchange | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def dead_queue(self) -> str:
+        return f"{self.queue}.dead"
+
+    @property
+    def cancel_exchange(self) -> str:
+        return f"{self.queue}.cancel"
+
+    def stream_key(self, request_id: str) -> str:
+        if valid_request_id(request_id) is None:
+            raise InvalidJobError(f"request_id {request_id!r}: must match {REQUEST_ID_PATTERN}")
+        return self.stream_prefix + request_id
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = self._cancel_exchange = None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await connection.close()
+        await self._redis.aclose()
+
+    # -- AMQP plumbing ------------------------------------------------------------------
+
+    async def _amqp(self) -> AbstractConnection:
+        async with self._lock:
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await connect_amqp(self.amqp_url, settings=self._settings)
+                self._channel = self._cancel_exchange = None
+            return self._connection
+
+    async def _publisher(self) -> AbstractChannel:
+        """The channel every publish goes through: publisher confirms, and an unroutable
+        mandatory message raises instead of vanishing."""
+        connection = await self._amqp()
+        async with self._lock:
+            if self._channel is None or self._channel.is_closed:
+                self._channel = await connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
+                self._cancel_exchange = None
+            return self._channel
+
+    async def _confirmed(self, publish: Awaitable[_T], what: str) -> _T:
+        try:
+            async with asyncio.timeout(self.confirm_timeout_s):
+                return await publish
+        except aio_pika.exceptions.PublishError:
+            raise QueueMissing(
+                f"{what}: no queue named {self.queue!r} on the broker at "
+                f"{redact_url(self.amqp_url)} (start a worker first: it declares the queue)"
+            ) from None
+        except aio_pika.exceptions.DeliveryError as exc:
+            raise ServiceUnavailable(f"{what}: the broker refused the message ({exc})") from None
+        except TimeoutError:
+            raise ServiceUnavailable(
+                f"{what}: no publisher confirm within {self.confirm_timeout_s:.0f}s"
+            ) from None
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            raise ServiceUnavailable(
+                f"{what}: the broker connection failed: {_reason(exc)}"
+            ) from None
+
+    # -- producing ----------------------------------------------------------------------
+
+    async def submit(
+        self,
+        inputs: str | Seq[int] | None = None,
+        parameters: Mapping[str, Any] | Parameters | None = None,
+        *,
+        input_ids: Seq[int] | None = None,
+        request_id: str | None = None,
+        deadline: datetime | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Validate the job as the worker will (`InvalidJobError`, nothing published),
+        publish it persistent with publisher confirms, and return its request id once
+        the broker has it. `inputs` is the prompt, or a list of token ids."""
+        body = job_body(
+            inputs,
+            parameters,
+            input_ids=input_ids,
+            request_id=request_id,
+            deadline=deadline,
+            metadata=metadata,
+        )
+        encoded = validate_job(body, self.limits)
+        request_id = str(body["request_id"])
         message = aio_pika.Message(
-            json.dumps(body).encode(),
+            encoded,
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=str(body["request_id"]),
+            message_id=request_id,
         )
-        await channel.default_exchange.publish(message, routing_key=queue, mandatory=True)
-    return str(body["request_id"])
-
-
-async def cancel(amqp_url: str, queue: str, request_id: str) -> None:
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.declare_exchange(
-            f"{queue}.cancel", aio_pika.ExchangeType.FANOUT, durable=True
+        channel = await self._publisher()
+        await self._confirmed(
+            channel.default_exchange.publish(message, routing_key=self.queue, mandatory=True),
+            f"submitting {request_id}",
         )
+        return request_id
+
+    async def cancel(self, request_id: str) -> None:
+        """Cancel a request: a running one stops within one engine step and ends `done`
+        with `finish_reason` `cancelled`; one no worker has taken yet ends so when taken
+        (the cancel mark is also stored in Redis, so no running worker is needed)."""
+        key = self.stream_key(request_id)
+        with contextlib.suppress(RedisError, OSError):  # the broadcast below still goes out
+            await self._redis.set(cancel_key(key), "1", ex=self.stream_ttl_s)
+        channel = await self._publisher()
+        async with self._lock:
+            if self._cancel_exchange is None:
+                self._cancel_exchange = await channel.declare_exchange(
+                    self.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+                )
+            exchange = self._cancel_exchange
         body = json.dumps({"request_id": request_id}).encode()
-        await exchange.publish(aio_pika.Message(body, content_type="application/json"), "")
+        await self._confirmed(
+            exchange.publish(
+                aio_pika.Message(body, content_type="application/json"),
+                routing_key="",
+                mandatory=False,  # no worker running: nobody is bound, the mark remains
+            ),
+            f"cancelling {request_id}",
+        )
 
+    # -- subscribing --------------------------------------------------------------------
 
-async def follow(
-    redis_url: str, key: str, from_id: str = "0"
-) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """Yield `(entry_id, fields)` of a stream from `from_id` until its terminal entry.
-    Resuming from the last id seen never skips or repeats an entry."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    last_id = from_id
-    try:
+    async def stream(self, request_id: str, from_id: str = "0") -> AsyncGenerator[Event, None]:
+        """The request's events after entry `from_id` (`0`: from the start), until its
+        terminal entry (`DoneEvent` or `ErrorEvent`, then the iterator ends). Entries of
+        unknown event types are skipped. Waits for a stream that does not exist yet.
+        Redis unreachable at the start: `ServiceUnavailable` at once. A connection lost
+        later is retried with backoff for up to `reconnect_timeout_s`, resuming after the
+        last entry seen: no entry is lost or repeated."""
+        key = self.stream_key(request_id)
+        try:
+            await self._redis.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise ServiceUnavailable(
+                f"cannot connect to Redis at {redact_url(self.redis_url)}: {_reason(exc)}"
+            ) from None
+        last_id = from_id
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
+        delay = BACKOFF_INITIAL_S
         while True:
-            reply = await client.xread({key: last_id}, block=XREAD_BLOCK_MS, count=512)
+            try:
+                reply = await self._redis.xread(
+                    {key: last_id}, block=self.xread_block_ms, count=XREAD_COUNT
+                )
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= self.reconnect_timeout_s:
+                    raise ServiceUnavailable(
+                        f"lost Redis at {redact_url(self.redis_url)} for "
+                        f"{self.reconnect_timeout_s:.0f}s while reading {key}: {_reason(exc)}"
+                    ) from None
+                self.reconnects += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            failing_since, delay = None, BACKOFF_INITIAL_S
             for _, entries in cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply):
                 for entry_id, fields in entries:
                     last_id = entry_id
-                    yield entry_id, fields
-                    if fields.get("event") in TERMINAL_EVENTS:
+                    event = parse_entry(entry_id, fields)
+                    if event is None:
+                        continue
+                    yield event
+                    if event.event in TERMINAL_EVENTS:
                         return
-    finally:
-        await client.aclose()
+
+    async def result(self, request_id: str) -> DoneEvent:
+        """Wait for the request's end: its `DoneEvent`, or `JobFailed` on an error."""
+        async for event in self.stream(request_id):
+            if isinstance(event, DoneEvent):
+                return event
+            if isinstance(event, ErrorEvent):
+                raise JobFailed(request_id, event.code, event.message)
+        raise StreamFormatError(f"stream of {request_id} ended without a terminal entry")
+
+    async def generate(
+        self,
+        inputs: str | Seq[int] | None = None,
+        parameters: Mapping[str, Any] | Parameters | None = None,
+        *,
+        input_ids: Seq[int] | None = None,
+        request_id: str | None = None,
+        deadline: datetime | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> DoneEvent:
+        """Submit a job and wait for its result: the `DoneEvent` (its `generated_text`),
+        or `JobFailed` with the error's code and message."""
+        request_id = await self.submit(
+            inputs,
+            parameters,
+            input_ids=input_ids,
+            request_id=request_id,
+            deadline=deadline,
+            metadata=metadata,
+        )
+        return await self.result(request_id)
+
+    # -- operating ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _dead_messages(
+        self, limit: int | None
+    ) -> AsyncIterator[list[tuple[AbstractIncomingMessage, DeadLetter]]]:
+        """Take the dead letters off `<queue>.dead` without acknowledging them, in queue
+        order; whatever the caller did not acknowledge goes back, in the same order, when
+        the block ends (and the broker returns them anyway if this process dies)."""
+        connection = await self._amqp()
+        channel = await connection.channel()
+        held: list[tuple[AbstractIncomingMessage, DeadLetter]] = []
+        try:
+            try:
+                queue = await channel.get_queue(self.dead_queue, ensure=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                yield held  # no dead-letter queue yet: nothing was ever dead-lettered
+                return
+            while limit is None or len(held) < limit:
+                message = await queue.get(no_ack=False, fail=False, timeout=self.confirm_timeout_s)
+                if message is None:
+                    break
+                held.append((message, _dead_letter(message)))
+            yield held
+        finally:
+            for message, _ in held:
+                if not message.processed and not channel.is_closed:
+                    await message.nack(requeue=True)
+            if not channel.is_closed:
+                await channel.close()
+
+    async def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
+        """The messages of `<queue>.dead` with their reasons, oldest first. They stay in
+        the queue, in their order (each is taken unacknowledged and returned)."""
+        try:
+            async with self._dead_messages(limit) as held:
+                return [letter for _, letter in held]
+        except aiormq.exceptions.AMQPError as exc:
+            raise ServiceUnavailable(f"reading {self.dead_queue}: {_reason(exc)}") from None
+
+    async def requeue_dead_letters(
+        self, request_ids: Collection[str] | None = None
+    ) -> list[DeadLetter]:
+        """Publish dead letters back to `<queue>` (all, or those of `request_ids`),
+        without their `x-error-*` headers, and remove each dead copy only once the broker
+        confirmed its republished job. A request whose stream ends with the `error` entry
+        written when it was dead-lettered gets its stream removed first, so the job runs
+        again from the start. Returns the requeued letters; the others stay, in order."""
+        wanted = None if request_ids is None else set(request_ids)
+        requeued: list[DeadLetter] = []
+        channel = await self._publisher()
+        async with self._dead_messages(None) as held:
+            for message, letter in held:
+                if wanted is not None and letter.request_id not in wanted:
+                    continue
+                if letter.request_id is not None:
+                    key = self.stream_prefix + letter.request_id
+                    await self._reset_script(keys=[key, deliveries_key(key)])
+                headers = {k: v for k, v in (message.headers or {}).items()}
+                for name in DROPPED_HEADERS:
+                    headers.pop(name, None)
+                job = aio_pika.Message(
+                    message.body,
+                    headers=headers,
+                    content_type=message.content_type,
+                    content_encoding=message.content_encoding,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    priority=message.priority,
+                    correlation_id=message.correlation_id,
+                    reply_to=message.reply_to,
+                    message_id=message.message_id,
+                    timestamp=message.timestamp,
+                    type=message.type,
+                    app_id=message.app_id,
+                )
+                await self._confirmed(
+                    channel.default_exchange.publish(job, routing_key=self.queue, mandatory=True),
+                    f"requeueing {letter.request_id or 'a dead letter'}",
+                )
+                await message.ack()
+                requeued.append(letter)
+        return requeued
+
+
+# -- sync wrappers ----------------------------------------------------------------------
+
+
+class SyncClient:
+    """`Client` for code without an event loop: the same calls, blocking. Its event loop
+    and connections live until `close()` (or the end of a `with` block).
+
+    ```python
+    with SyncClient(load_settings()) as client:
+        print(client.generate("Hello", {"max_new_tokens": 16}).generated_text)
+    ```"""
+
+    def __init__(self, settings: Settings | None = None, **options: Any) -> None:
+        self._settings = settings
+        self._options = options
+        self._runner: asyncio.Runner | None = None
+        self._client: Client | None = None
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self, call: Callable[[Client], Coroutine[Any, Any, _T]]) -> _T:
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+        if self._client is None:
+            self._client = Client(self._settings, **self._options)
+        return self._runner.run(call(self._client))
+
+    def close(self) -> None:
+        """Close the connections and the event loop."""
+        if self._runner is None:
+            return
+        if self._client is not None:
+            self._runner.run(self._client.aclose())
+            self._client = None
+        self._runner.close()
+        self._runner = None
+
+    def submit(self, *args: Any, **kwargs: Any) -> str:
+        """`Client.submit`."""
+        return self._run(lambda client: client.submit(*args, **kwargs))
+
+    def generate(self, *args: Any, **kwargs: Any) -> DoneEvent:
+        """`Client.generate`."""
+        return self._run(lambda client: client.generate(*args, **kwargs))
+
+    def result(self, request_id: str) -> DoneEvent:
+        """`Client.result`."""
+        return self._run(lambda client: client.result(request_id))
+
+    def cancel(self, request_id: str) -> None:
+        """`Client.cancel`."""
+        self._run(lambda client: client.cancel(request_id))
+
+    def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
+        """`Client.dead_letters`."""
+        return self._run(lambda client: client.dead_letters(limit))
+
+    def requeue_dead_letters(self, request_ids: Collection[str] | None = None) -> list[DeadLetter]:
+        """`Client.requeue_dead_letters`."""
+        return self._run(lambda client: client.requeue_dead_letters(request_ids))
+
+    def stream(self, request_id: str, from_id: str = "0") -> Iterator[Event]:
+        """`Client.stream`, as a blocking iterator."""
+        holder: list[AsyncGenerator[Event, None]] = []
+
+        async def start(client: Client) -> None:
+            holder.append(client.stream(request_id, from_id))
+
+        self._run(start)
+        events = holder[0]
+        try:
+            while True:
+                try:
+                    event = self._run(lambda _: anext(events))
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            self._run(lambda _: events.aclose())
