@@ -1,51 +1,125 @@
-"""The `trtllm-worker` command (also `python -m worker`). `serve` is the default."""
+"""The `trtllm-worker` command (also `python -m worker`). `serve` is the default.
+
+Exit codes: 0 success; 1 the job ended with an error, `check` found a problem, or a
+requested dead letter is not there; 2 bad settings, an invalid job or bad arguments;
+3 (`serve`) the engine died; 69 RabbitMQ, Redis (or the engine, for `serve`) unavailable,
+or the job queue not declared yet; 75 `--timeout` passed before the job ended; 130
+interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from worker import __version__
-from worker.config import Settings, load_settings
+from worker.config import Settings, load_settings, redact_url
 from worker.errors import ConfigError
 from worker.log import setup_logging
 
-EXIT_CONFIG = 2
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+    from worker.client import Client, DeadLetter, DoneEvent
+    from worker.tokenizer import TokenizerInfo
+
+EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a service the worker needs does not answer
+EXIT_CONFIG = 2
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a service the command needs does not answer
+EXIT_TIMEOUT = 75  # EX_TEMPFAIL: the job did not end within --timeout
+EXIT_INTERRUPTED = 130
+
+PROG = "trtllm-worker"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trtllm-worker",
-        description="Serve TensorRT-LLM from a RabbitMQ job queue into Redis streams. "
-        "Settings come from WORKER_* variables (and .env).",
+        prog=PROG,
+        description="Serve TensorRT-LLM from a RabbitMQ job queue into Redis streams, and "
+        "submit, follow, cancel and inspect jobs. Settings come from WORKER_* variables "
+        "(and .env). Without a command: serve.",
+        epilog="exit codes: 0 ok; 1 job failed, check found problems, dead letter not found; "
+        "2 bad settings, invalid job or arguments; 3 engine died (serve); 69 RabbitMQ or "
+        "Redis unavailable, or the queue not declared; 75 --timeout passed; 130 interrupted",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="run the worker (the default)")
-    submit = commands.add_parser("submit", help="publish a job; with --follow, print its tokens")
-    submit.add_argument("prompt", help="the prompt (the job's inputs)")
+
+    submit = commands.add_parser(
+        "submit",
+        help="publish a job and print its request id; with --follow, print its tokens",
+    )
+    submit.add_argument("prompt", help="the prompt (the job's inputs); - reads it from stdin")
     submit.add_argument(
         "--param",
         "-p",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a job parameter, VALUE as JSON (e.g. -p max_new_tokens=32 -p stop='[\"\\n\"]')",
+        help="a job parameter, VALUE as JSON, a bare word as a string "
+        "(e.g. -p max_new_tokens=32 -p stop='[\"\\n\"]')",
     )
     submit.add_argument("--request-id", help="default: a fresh random id")
-    submit.add_argument("--follow", "-f", action="store_true", help="print tokens as they arrive")
-    tail = commands.add_parser("tail", help="follow a request's stream to its end")
+    submit.add_argument("--metadata", metavar="JSON", help="a JSON object echoed in `done`")
+    submit.add_argument(
+        "--deadline", metavar="RFC3339", help="do not start the job after this time"
+    )
+    submit.add_argument(
+        "--follow", "-f", action="store_true", help="print the tokens as they arrive"
+    )
+    _timeout_option(submit)
+
+    tail = commands.add_parser("tail", help="print a request's stream to its end")
     tail.add_argument("request_id")
+    tail.add_argument(
+        "--from-id", default="0", metavar="ENTRY_ID", help="start after this entry (default 0)"
+    )
+    _timeout_option(tail)
+
     cancel = commands.add_parser("cancel", help="cancel a request")
     cancel.add_argument("request_id")
+
+    dead = commands.add_parser(
+        "dead-letters",
+        help="list the dead-letter queue (one line each: request id, code: reason); "
+        "--requeue sends them back to the job queue",
+    )
+    dead.add_argument(
+        "--requeue", action="store_true", help="republish them to the job queue (after a fix)"
+    )
+    dead.add_argument(
+        "--request-id",
+        dest="request_ids",
+        action="extend",
+        nargs="+",
+        default=None,
+        metavar="ID",
+        help="only these requests",
+    )
+    commands.add_parser(
+        "check",
+        help="check the broker, Redis, the queues, the tokenizer and the engine settings; "
+        "one line each, non-zero exit on a problem",
+    )
     return parser
+
+
+def _timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"give up (exit {EXIT_TIMEOUT}) if the job has not ended by then",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,20 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except ConfigError as exc:
-        print(f"trtllm-worker: {exc}", file=sys.stderr)
+        _error(str(exc))
         return EXIT_CONFIG
     if args.command in (None, "serve"):
         return _serve(settings)
-    try:
-        return asyncio.run(_client_command(args, settings))
-    except (ConfigError, ValueError) as exc:
-        print(f"trtllm-worker: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (OSError, ConnectionError) as exc:
-        print(f"trtllm-worker: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except KeyboardInterrupt:
-        return 130
+    return run_client_command(args, settings)
 
 
 def _serve(settings: Settings) -> int:
@@ -76,13 +141,65 @@ def _serve(settings: Settings) -> int:
     try:
         return asyncio.run(serve(settings))
     except ConfigError as exc:
-        print(f"trtllm-worker: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ConnectionError as exc:
-        print(f"trtllm-worker: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except KeyboardInterrupt:
         return 0
+
+
+def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
+    """Run a client command; every error a user can act on becomes one line on stderr
+    and an exit code, never a traceback."""
+    import aiormq
+    from redis.exceptions import RedisError
+
+    from worker.client import ClientError, InvalidJobError, ServiceUnavailable
+
+    if settings.log_level == "DEBUG":
+        setup_logging(settings.log_level, settings.log_format)
+    else:  # the libraries' own logs would repeat, as tracebacks, what the one line says
+        for name in ("aio_pika", "aiormq"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(_client_command(args, settings))
+    except (ConfigError, InvalidJobError, UsageError) as exc:
+        _error(str(exc))
+        return EXIT_CONFIG
+    except ServiceUnavailable as exc:
+        _error(str(exc))
+        return EXIT_UNAVAILABLE
+    except ClientError as exc:
+        _error(str(exc))
+        return EXIT_FAILED
+    except (RedisError, aiormq.exceptions.AMQPError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _broken_pipe()
+        _error(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+        return EXIT_UNAVAILABLE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used (exit 2)."""
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def _note(message: str) -> None:
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def _broken_pipe() -> int:
+    """stdout was closed (`| head`): stop quietly, without Python's flush error at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_FAILED
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -91,7 +208,7 @@ def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         name, sep, raw = pair.partition("=")
         if not sep or not name:
-            raise ValueError(f"--param {pair!r}: expected NAME=VALUE")
+            raise UsageError(f"--param {pair!r}: expected NAME=VALUE")
         try:
             params[name] = json.loads(raw)
         except json.JSONDecodeError:
@@ -99,50 +216,326 @@ def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     return params
 
 
+def parse_metadata(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--metadata: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise UsageError("--metadata: must be a JSON object")
+    return value
+
+
 async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
-    from worker import client
+    if args.command == "check":
+        return await check(settings)
+    from worker.client import Client
 
-    if args.command == "cancel":
-        await client.cancel(settings.amqp_url, settings.queue, args.request_id)
-        print(args.request_id)
-        return 0
-    if args.command == "tail":
-        return await _print_stream(settings, args.request_id, time.monotonic())
-    body = client.job_body(
-        inputs=args.prompt, parameters=parse_params(args.param), request_id=args.request_id
-    )
+    async with Client(settings) as client:
+        if args.command == "submit":
+            return await _submit(client, args)
+        if args.command == "tail":
+            return await _follow(client, args.request_id, args.from_id, args.timeout, None)
+        if args.command == "cancel":
+            await client.cancel(args.request_id)
+            _note(f"cancel sent for {args.request_id}")
+            return EXIT_OK
+        if args.command == "dead-letters":
+            return await _dead_letters(client, args.requeue, args.request_ids)
+    raise UsageError(f"unknown command {args.command!r}")
+
+
+async def _submit(client: Client, args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     started = time.monotonic()
-    request_id = await client.submit(settings.amqp_url, settings.queue, body)
+    request_id = await client.submit(
+        prompt,
+        parse_params(args.param),
+        request_id=args.request_id,
+        metadata=parse_metadata(args.metadata),
+        deadline=args.deadline,
+    )
     if not args.follow:
-        print(request_id)
-        return 0
-    print(f"# {request_id}", file=sys.stderr)
-    return await _print_stream(settings, request_id, started)
+        print(request_id, flush=True)
+        return EXIT_OK
+    _note(f"request {request_id}")
+    return await _follow(client, request_id, "0", args.timeout, started)
 
 
-async def _print_stream(settings: Settings, request_id: str, started: float) -> int:
-    from worker import client
+async def _follow(
+    client: Client, request_id: str, from_id: str, wait_s: float | None, submitted: float | None
+) -> int:
+    """Print the stream's text as it arrives, then one summary line on stderr."""
+    from worker.client import DoneEvent, ErrorEvent, TokenEvent
 
+    out = sys.stdout.buffer
     first_token: float | None = None
-    key = settings.stream_prefix + request_id
-    async for _, fields in client.follow(settings.redis_url, key):
-        event = fields.get("event")
-        if event == "token":
-            first_token = first_token or time.monotonic()
-            sys.stdout.write(fields.get("text", ""))
-            sys.stdout.flush()
-        elif event == "done":
-            elapsed = time.monotonic() - started
-            tokens = int(fields.get("generated_tokens", "0"))
-            ttft = f"{(first_token - started) * 1000:.0f} ms" if first_token else "-"
-            rate = f"{tokens / elapsed:.1f}" if elapsed > 0 else "-"
-            print(
-                f"\n# {fields.get('finish_reason')}: {tokens} tokens, "
-                f"first token after {ttft}, {rate} tokens/s",
-                file=sys.stderr,
+    ends_with_newline = True
+    try:
+        async with asyncio.timeout(wait_s):
+            async for event in client.stream(request_id, from_id):
+                if isinstance(event, TokenEvent):
+                    first_token = first_token or time.monotonic()
+                    if event.text:
+                        out.write(event.text.encode())
+                        out.flush()
+                        ends_with_newline = event.text.endswith("\n")
+                    continue
+                if not ends_with_newline:
+                    out.write(b"\n")
+                    out.flush()
+                if isinstance(event, ErrorEvent):
+                    _error(f"request {request_id} failed: {event.code}: {event.message}")
+                    return EXIT_FAILED
+                if isinstance(event, DoneEvent):
+                    _note(summary(request_id, event, submitted, first_token, time.monotonic()))
+                    return EXIT_OK
+    except TimeoutError:
+        if not ends_with_newline:
+            out.write(b"\n")
+        _error(f"request {request_id} has not ended within {wait_s:g}s")
+        return EXIT_TIMEOUT
+    except BrokenPipeError:
+        return _broken_pipe()
+    return EXIT_FAILED  # pragma: no cover - the stream ends only at a terminal entry
+
+
+def summary(
+    request_id: str,
+    done: DoneEvent,
+    submitted: float | None,
+    first_token: float | None,
+    finished: float,
+) -> str:
+    """`<id>: <finish reason>, <n> tokens, first token after <ms>, <rate> tokens/s`
+    (the timings only when this process submitted the job)."""
+    parts = [
+        f"{request_id}: {done.finish_reason}",
+        f"{done.generated_tokens} tokens ({done.input_tokens} in the prompt)",
+    ]
+    if submitted is not None:
+        ttft = f"{(first_token - submitted) * 1000:.0f} ms" if first_token else "-"
+        elapsed = finished - submitted
+        rate = f"{done.generated_tokens / elapsed:.1f}" if elapsed > 0 else "-"
+        parts += [f"first token after {ttft}", f"{elapsed:.2f} s", f"{rate} tokens/s"]
+    return ", ".join(parts)
+
+
+def dead_letter_line(letter: DeadLetter) -> str:
+    """`<request id or -> <code>: <reason>`, on one line."""
+    reason = " ".join(letter.message.split()) or "(no reason given)"
+    return f"{letter.request_id or '-'} {letter.code}: {reason}"
+
+
+async def _dead_letters(client: Client, requeue: bool, request_ids: list[str] | None) -> int:
+    wanted = None if request_ids is None else list(dict.fromkeys(request_ids))
+    if requeue:
+        letters = await client.requeue_dead_letters(wanted)
+        for letter in letters:
+            print(f"requeued {dead_letter_line(letter)}", flush=True)
+        _note(f"{len(letters)} requeued to {client.queue!r}")
+    else:
+        letters = await client.dead_letters()
+        if wanted is not None:
+            letters = [letter for letter in letters if letter.request_id in wanted]
+        for letter in letters:
+            print(dead_letter_line(letter), flush=True)
+        _note(f"{len(letters)} dead letters in {client.dead_queue!r}")
+    missing = [i for i in wanted or [] if i not in {letter.request_id for letter in letters}]
+    for request_id in missing:
+        _error(f"no dead letter of request {request_id} in {client.dead_queue!r}")
+    return EXIT_FAILED if missing else EXIT_OK
+
+
+# -- check ------------------------------------------------------------------------------
+
+
+class Report:
+    """The lines of `check`: `ok <what>` or `problem <what>`, printed as they come."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def ok(self, text: str) -> None:
+        print(f"ok {text}", flush=True)
+
+    def problem(self, text: str) -> None:
+        self.problems += 1
+        print(f"problem {' '.join(text.split())}", flush=True)
+
+
+async def check(settings: Settings) -> int:
+    """Check what a worker with these settings needs; one line each."""
+    report = Report()
+    await _check_broker(settings, report)
+    await _check_redis(settings, report)
+    tokenizer = _check_tokenizer(settings, report)
+    _check_engine(settings, tokenizer, report)
+    _check_files(settings, report)
+    return EXIT_FAILED if report.problems else EXIT_OK
+
+
+async def _check_broker(settings: Settings, report: Report) -> None:
+    from worker.client import ServiceUnavailable, connect_amqp
+
+    try:
+        connection = await connect_amqp(settings.amqp_url, settings=settings)
+    except ServiceUnavailable as exc:
+        report.problem(f"RabbitMQ: {exc}")
+        return
+    async with connection:
+        underlay = getattr(connection.transport, "connection", None)
+        version = (getattr(underlay, "server_properties", None) or {}).get("version", "?")
+        report.ok(f"RabbitMQ {version} at {redact_url(settings.amqp_url)}")
+        await _check_queue(connection, settings, settings.queue, "queue", report)
+        await _check_queue(connection, settings, settings.dead_queue, "dead-letter queue", report)
+        await _check_cancel_exchange(connection, settings, report)
+
+
+async def _check_queue(
+    connection: AbstractConnection, settings: Settings, name: str, label: str, report: Report
+) -> None:
+    """If the queue exists, the worker's own declaration of it must succeed."""
+    import aio_pika
+    import aiormq
+
+    what = f"{label} {name!r}"
+    try:
+        async with connection.channel() as channel:
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                report.ok(f"{what}: not declared yet (a worker declares it)")
+                return
+        result = declared.declaration_result
+        async with connection.channel() as channel:
+            await channel.declare_queue(
+                name, durable=True, arguments={"x-queue-type": settings.queue_type}
             )
-            return 0
-        elif event == "error":
-            print(f"\n# error {fields.get('code')}: {fields.get('message')}", file=sys.stderr)
-            return EXIT_FAILED
-    return EXIT_FAILED
+        report.ok(
+            f"{what}: {settings.queue_type}, {result.message_count} messages, "
+            f"{result.consumer_count} consumers"
+        )
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        report.problem(
+            f"{what} exists with other arguments than the worker declares (durable, "
+            f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {_amqp_reason(exc)}"
+        )
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        report.problem(f"{what}: {_amqp_reason(exc)}")
+
+
+async def _check_cancel_exchange(
+    connection: AbstractConnection, settings: Settings, report: Report
+) -> None:
+    import aio_pika
+    import aiormq
+
+    what = f"cancel exchange {settings.cancel_exchange!r}"
+    try:
+        async with connection.channel() as channel:
+            try:
+                await channel.declare_exchange(settings.cancel_exchange, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                report.ok(f"{what}: not declared yet (a worker declares it)")
+                return
+        async with connection.channel() as channel:
+            await channel.declare_exchange(
+                settings.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+            )
+        report.ok(f"{what}: fanout")
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        report.problem(f"{what} is not a durable fanout exchange: {_amqp_reason(exc)}")
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        report.problem(f"{what}: {_amqp_reason(exc)}")
+
+
+def _amqp_reason(exc: BaseException) -> str:
+    args: tuple[object, ...] = exc.args
+    if len(args) >= 2 and isinstance(args[1], str):
+        return args[1]
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+async def _check_redis(settings: Settings, report: Report) -> None:
+    from redis.exceptions import RedisError
+
+    from worker.client import redis_client
+
+    client = redis_client(settings.redis_url, settings=settings)
+    where = redact_url(settings.redis_url)
+    try:
+        await client.ping()
+        info = await client.info("server")
+    except (RedisError, OSError) as exc:
+        report.problem(f"Redis: cannot connect to Redis at {where}: {' '.join(str(exc).split())}")
+        return
+    finally:
+        await client.aclose()
+    version = str(info.get("redis_version", ""))
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    if major and major < 5:
+        report.problem(f"Redis {version} at {where}: streams need Redis 5 or later")
+    else:
+        report.ok(f"Redis {version} at {where}")
+
+
+def _check_tokenizer(settings: Settings, report: Report) -> TokenizerInfo | None:
+    from worker.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    except ConfigError as exc:
+        report.problem(f"tokenizer: {exc}")
+        return None
+    eos = ", ".join(str(i) for i in sorted(tokenizer.eos_ids)) or "none"
+    report.ok(f"tokenizer {tokenizer.source}: vocabulary {tokenizer.vocab_size}, EOS ids {eos}")
+    return tokenizer
+
+
+def _check_engine(settings: Settings, tokenizer: TokenizerInfo | None, report: Report) -> None:
+    from worker.engine import engine_factory
+    from worker.tokenizer import load_tokenizer
+
+    if settings.engine == "echo":
+        report.ok(f"engine echo: CPU, no model, {settings.max_batch} requests at once")
+        return
+    if settings.engine == "trtllm" and settings.model is not None:
+        if not settings.model.is_dir():
+            report.problem(f"WORKER_MODEL: {settings.model} is not a folder")
+        elif not (settings.model / "config.json").is_file():
+            report.problem(f"WORKER_MODEL: {settings.model} holds no config.json")
+    if settings.engine == "trtllm-executor" and settings.engine_dir is not None:
+        if not settings.engine_dir.is_dir():
+            report.problem(f"WORKER_ENGINE_DIR: {settings.engine_dir} is not a folder")
+        elif not (settings.engine_dir / "config.json").is_file():
+            report.problem(f"WORKER_ENGINE_DIR: {settings.engine_dir} holds no config.json")
+    try:
+        engine_factory(settings, tokenizer or load_tokenizer(None, None))
+    except ConfigError as exc:
+        report.problem(str(exc))
+        return
+    import tensorrt_llm
+
+    version = getattr(tensorrt_llm, "__version__", "?")
+    report.ok(f"engine {settings.engine}: tensorrt_llm {version} imports")
+
+
+def _check_files(settings: Settings, report: Report) -> None:
+    """Every other file a setting names must exist."""
+    names = (
+        "llm_extra_options",
+        "executor_worker_path",
+        "amqp_ca_file",
+        "amqp_cert_file",
+        "amqp_key_file",
+        "redis_ca_file",
+        "redis_cert_file",
+        "redis_key_file",
+    )
+    for name in names:
+        path = getattr(settings, name)
+        if isinstance(path, Path) and not path.exists():
+            report.problem(f"WORKER_{name.upper()}: {path} does not exist")
