@@ -197,6 +197,9 @@ class Consumer:
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         received_at = time.monotonic()
+        if message.timestamp is not None:
+            waited = time.time() - message.timestamp.timestamp()
+            self._metrics.queue_wait.observe(max(waited, 0.0))
         try:
             outcome = await self._run(message, received_at)
         except asyncio.CancelledError:
@@ -244,10 +247,11 @@ class Consumer:
             self._metrics.jobs.labels(outcome=terminal.outcome).inc()
             self._metrics.job_duration.observe(time.monotonic() - received_at)
             log.info(
-                "job %s: %s, %d tokens in %.3fs",
+                "job %s: %s, %d tokens, first token after %s, %.3fs in all",
                 request_id,
                 terminal.outcome,
                 terminal.generated_tokens,
+                "-" if result.first_token_s is None else f"{result.first_token_s:.3f}s",
                 time.monotonic() - received_at,
             )
         return Outcome(Action.ACK)

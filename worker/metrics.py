@@ -87,6 +87,22 @@ class Metrics:
             buckets=_FINE_BUCKETS,
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "worker_queue_wait_seconds",
+            "From the producer's AMQP timestamp (whole seconds) to the worker taking the job",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "worker_inter_token_latency_seconds",
+            "Time between successive batches of token entries while requests run",
+            buckets=_FINE_BUCKETS,
+            registry=r,
+        )
+        self.broker_connected = Gauge(
+            "worker_broker_connected", "1 while the RabbitMQ connection is open", registry=r
+        )
+        self.redis_connected = Gauge("worker_redis_connected", "1 while Redis answers", registry=r)
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200", registry=r)
 
 

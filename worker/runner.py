@@ -40,6 +40,7 @@ class JobResult:
     already stored one (the job is acknowledged without running)."""
 
     terminal: Terminal | None
+    first_token_s: float | None = None
 
 
 class JobRunner:
@@ -69,6 +70,7 @@ class JobRunner:
         self._inbox_batches = 0
         self._inbox_since: float | None = None  # when the engine had the oldest of them
         self._inbox_ready = asyncio.Event()
+        self._last_tokens_at: float | None = None  # while requests run
         self._looper: Looper | None = None
         self.engine_error: BaseException | None = None
         self.redis_healthy = True
@@ -119,8 +121,13 @@ class JobRunner:
                 continue  # given up: every job was handed back
             if refused:
                 self._fail_refused(refused, batch)
-            if emitted_at is not None and batch.tokens:
-                self._metrics.emit_delay.observe(time.monotonic() - emitted_at)
+            if batch.tokens:
+                now = time.monotonic()
+                if emitted_at is not None:
+                    self._metrics.emit_delay.observe(now - emitted_at)
+                if self._last_tokens_at is not None:
+                    self._metrics.inter_token.observe(now - self._last_tokens_at)
+                self._last_tokens_at = now if self._running else None
             self._settle(batch)
 
     async def _store(self, batch: ProcessedBatch) -> dict[str, str] | None:
@@ -267,7 +274,9 @@ class JobRunner:
                 return await self._end_now(state, finish)
         if self.engine_error is not None or self._looper is None:
             raise HandBack("the engine is not running", request_id=job.request_id)
-        return JobResult(await self._submit(job, state, prepared, stream.token_ids, received_at))
+        terminal = await self._submit(job, state, prepared, stream.token_ids, received_at)
+        ttft = None if state.first_token_at is None else state.first_token_at - received_at
+        return JobResult(terminal, ttft)
 
     async def _prepare(self, job: Job) -> PreparedInput:
         if job.inputs is not None and len(job.inputs) > TOKENIZE_IN_THREAD_CHARS:

@@ -113,6 +113,9 @@ class Service:
             ready=self.ready,
             registry=self.metrics.registry,
         )
+        consumer = self._consumer
+        self.metrics.broker_connected.set_function(lambda: float(consumer.connected))
+        self.metrics.redis_connected.set_function(lambda: float(self.redis_up))
         await self._http.start()
         log.info("ready: engine %s, HTTP on port %d", settings.engine, self._http.port)
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +16,8 @@ from tests.integration.conftest import Producer, Subscriber, WorkerFactory, term
 from worker.config import Settings
 from worker.engine.base import Engine, EngineOutput, EngineStats
 from worker.engine.echo import EchoEngine
+
+README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 def rid() -> str:
@@ -40,7 +45,8 @@ async def test_probes_and_metrics(
         assert await http_get(port, "/readyz") == (200, "ok\n")
         for request_id in ids:
             await producer.publish(
-                {"request_id": request_id, "inputs": "abc", "parameters": {"max_new_tokens": 4}}
+                {"request_id": request_id, "inputs": "abc", "parameters": {"max_new_tokens": 4}},
+                timestamp=datetime.now(UTC),
             )
         for request_id in ids:
             await subscriber.read_until_terminal(request_id)
@@ -62,6 +68,25 @@ async def test_probes_and_metrics(
     assert float(samples["worker_engine_active_requests"]) >= 0
     assert float(samples["worker_engine_queued_requests"]) >= 0
     assert "worker_engine_step_seconds" in samples
+    assert float(samples["worker_queue_wait_seconds_count"]) == 3
+    assert float(samples["worker_job_duration_seconds_count"]) == 3
+    assert float(samples["worker_input_tokens_total"]) == 9
+    assert float(samples["worker_inter_token_latency_seconds_count"]) >= 1
+    assert float(samples["worker_broker_connected"]) == 1
+    assert float(samples["worker_redis_connected"]) == 1
+    assert float(samples["worker_ready"]) == 1
+    # every family the README documents is exposed
+    documented = set(re.findall(r"`(worker_[a-z_]+)`", README))
+    exposed = {line.split()[2] for line in metrics.splitlines() if line.startswith("# TYPE")}
+    assert (
+        documented
+        - {
+            "worker_engine_kv_cache_used_blocks",
+            "worker_engine_kv_cache_max_blocks",
+            "worker_engine_kv_cache_usage_ratio",
+        }
+        <= exposed
+    )
 
 
 async def test_readyz_is_503_while_draining(
