@@ -80,6 +80,7 @@ class Looper:
         self._in_flight: set[int] = set()
         self._unconsumed = threading.BoundedSemaphore(MAX_UNCONSUMED_BATCHES)
         self._stopping = threading.Event()
+        self._in_engine_wait = False
         self._thread = threading.Thread(target=self._run, name="engine-looper", daemon=True)
         self.heartbeat = time.monotonic()
         self.error: BaseException | None = None
@@ -104,11 +105,18 @@ class Looper:
 
     def submit(self, request: EngineRequest) -> None:
         self._commands.put(_Submit(request))
-        self._engine.wake()
+        self._wake_engine()
 
     def cancel(self, engine_id: int) -> None:
         self._commands.put(_Cancel(engine_id))
-        self._engine.wake()
+        self._wake_engine()
+
+    def _wake_engine(self) -> None:
+        """Interrupt `engine.wait` only when the thread is in it: idle, the thread blocks
+        on the command queue, which the put above wakes (a wake per job cost more than
+        the job's own work when jobs are short)."""
+        if self._in_engine_wait:
+            self._engine.wake()
 
     def consumed(self, batches: int) -> None:
         """The event loop took `batches` batches: the thread may deliver more."""
@@ -129,7 +137,10 @@ class Looper:
         try:
             while self._drain_commands():
                 if self._in_flight:
-                    self._deliver(self._engine.wait(BUSY_TIMEOUT_S))
+                    self._in_engine_wait = True
+                    outputs = self._engine.wait(BUSY_TIMEOUT_S)
+                    self._in_engine_wait = False
+                    self._deliver(outputs)
                 self.heartbeat = now = time.monotonic()
                 if self._in_flight and now - self._progress_at > self._stall_timeout_s:
                     # TensorRT-LLM 1.2 leaves results pending forever when its worker
