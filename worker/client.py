@@ -49,6 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from worker.config import Settings, redact_url
 from worker.consumer import amqp_ssl_context
 from worker.errors import InvalidJob
+from worker.messages import persistent_copy
 from worker.publisher import TERMINAL_EVENTS, cancel_key, deliveries_key
 from worker.schema import (
     REQUEST_ID_PATTERN,
@@ -698,20 +699,7 @@ class Client:
                 headers = {k: v for k, v in (message.headers or {}).items()}
                 for name in DROPPED_HEADERS:
                     headers.pop(name, None)
-                job = aio_pika.Message(
-                    message.body,
-                    headers=headers,
-                    content_type=message.content_type,
-                    content_encoding=message.content_encoding,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    priority=message.priority,
-                    correlation_id=message.correlation_id,
-                    reply_to=message.reply_to,
-                    message_id=message.message_id,
-                    timestamp=message.timestamp,
-                    type=message.type,
-                    app_id=message.app_id,
-                )
+                job = persistent_copy(message, headers)
                 await self._confirmed(
                     channel.default_exchange.publish(job, routing_key=self.queue, mandatory=True),
                     f"requeueing {letter.request_id or 'a dead letter'}",

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from worker.config import Settings, redact_url
 from worker.errors import ConfigError, DeadlineExceeded, DeliveryLimitExceeded, HandBack, InvalidJob
+from worker.messages import persistent_copy
 from worker.metrics import Metrics
 from worker.output import error_fields
 from worker.publisher import Publisher
@@ -312,20 +313,7 @@ class Consumer:
         reason = " ".join(error.message.split())[:_MAX_HEADER_MESSAGE]
         headers = dict(message.headers or {})
         headers.update({"x-error-code": error.code, "x-error-message": reason})
-        copy = aio_pika.Message(
-            body=message.body,
-            headers=headers,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            priority=message.priority,
-            correlation_id=message.correlation_id,
-            reply_to=message.reply_to,
-            message_id=message.message_id,
-            timestamp=message.timestamp,
-            type=message.type,
-            app_id=message.app_id,
-        )
+        copy = persistent_copy(message, headers)
         assert self._channel is not None
         async with asyncio.timeout(CONFIRM_TIMEOUT_S):
             await self._channel.default_exchange.publish(
