@@ -3,13 +3,20 @@ that requires client certificates; the `amqps://` TLS context from the settings.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import shutil
+import socket
 import ssl
 import subprocess
+import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aio_pika
 import pytest
 import redis.asyncio as aioredis
 
@@ -180,3 +187,104 @@ def test_amqps_context_from_the_settings(certificates: Path) -> None:
     assert any("test CA" in str(ca.get("subject")) for ca in context.get_ca_certs())
     plain = Settings(_env_file=None, amqp_url="amqp://user:pw@broker:5672/")
     assert amqp_ssl_context(plain) is None
+
+
+@pytest.fixture(scope="module")
+def tls_broker(certificates: Path) -> Iterator[int]:
+    """A private RabbitMQ node (never the shared one) that only speaks TLS and requires
+    client certificates. rabbitmq-server runs as the `rabbitmq` user: its files must be
+    readable by it."""
+    if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
+        pytest.fail("rabbitmq-server is needed for a private TLS broker")
+    folder = Path(tempfile.mkdtemp(prefix="trtllm-worker-tls-broker-", dir="/tmp"))
+    port, dist_port = free_port(), free_port()
+    for name in ("ca.crt", "server.crt", "server.key"):
+        shutil.copy(certificates / name, folder / name)
+    (folder / "rabbitmq.conf").write_text(
+        "listeners.tcp = none\n"
+        f"listeners.ssl.default = {port}\n"
+        f"ssl_options.cacertfile = {folder}/ca.crt\n"
+        f"ssl_options.certfile = {folder}/server.crt\n"
+        f"ssl_options.keyfile = {folder}/server.key\n"
+        "ssl_options.verify = verify_peer\n"
+        "ssl_options.fail_if_no_peer_cert = true\n"
+    )
+    (folder / "enabled_plugins").write_text("[].\n")
+    for sub in ("mnesia", "log"):
+        (folder / sub).mkdir()
+    subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(folder)], check=True)
+    folder.chmod(0o755)
+    node = f"trtllm-tls-{port}@localhost"
+    env = {
+        **os.environ,
+        "RABBITMQ_NODENAME": node,
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq"),
+        "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(folder / "log"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins"),
+        "RABBITMQ_FEATURE_FLAGS_FILE": str(folder / "feature_flags"),
+        "RABBITMQ_PID_FILE": str(folder / "pid"),
+    }
+    server = subprocess.Popen(
+        ["rabbitmq-server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline or server.poll() is not None:
+                pytest.fail(f"the private TLS broker did not start (see {folder}/log)")
+            time.sleep(0.2)
+        yield port
+    finally:
+        subprocess.run(
+            ["rabbitmqctl", "-n", node, "stop"],
+            env=env,
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(30)
+        if server.poll() is None:
+            server.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_amqps_with_ca_and_client_certificate(
+    tls_broker: int,
+    certificates: Path,
+    run_worker: WorkerFactory,
+    subscriber: Subscriber,
+    names: dict[str, str],
+) -> None:
+    url = f"amqps://guest:guest@localhost:{tls_broker}/"
+    tls = {
+        "amqp_ca_file": certificates / "ca.crt",
+        "amqp_cert_file": certificates / "client.crt",
+        "amqp_key_file": certificates / "client.key",
+    }
+    request_id = f"amqps-{uuid.uuid4().hex[:8]}"
+    async with run_worker(amqp_url=url, **tls) as service:
+        settings = service.settings
+        context = amqp_ssl_context(settings)
+        connection = await aio_pika.connect(url, ssl_context=context)
+        async with connection:
+            channel = await connection.channel()
+            body = {"request_id": request_id, "inputs": "tls", "parameters": {"max_new_tokens": 3}}
+            await channel.default_exchange.publish(
+                aio_pika.Message(json.dumps(body).encode()), routing_key=names["queue"]
+            )
+            entries = await subscriber.read_until_terminal(request_id)
+    assert terminal(entries)["generated_text"] == "tls"
+
+
+async def test_amqps_without_the_client_certificate_is_refused(
+    tls_broker: int, certificates: Path, run_worker: WorkerFactory
+) -> None:
+    url = f"amqps://guest:guest@localhost:{tls_broker}/"
+    with pytest.raises(ConnectionError, match="cannot connect to RabbitMQ"):
+        async with run_worker(amqp_url=url, amqp_ca_file=certificates / "ca.crt"):
+            pass
