@@ -45,16 +45,6 @@ class DeadlineExceeded(WorkerError):
     code = "deadline_exceeded"
 
 
-class EngineError(WorkerError):
-    """One request failed inside the engine; the others go on."""
-
-    code = "engine_error"
-
-
-class EngineDead(EngineError):
-    """The engine is gone: every in-flight request fails and the worker stops being ready."""
-
-
 class HandBack(WorkerError):
     """The job was not finished here and must go back to the queue unacknowledged
     (shutdown, lost connection); another worker continues it."""

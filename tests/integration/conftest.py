@@ -240,6 +240,21 @@ class WorkerProcess:
 Spawn = Callable[..., Awaitable[WorkerProcess]]
 
 
+def worker_env(services: ServiceUrls, names: dict[str, str], **extra: str) -> dict[str, str]:
+    """The environment of a worker process on this test's services, queue and prefix
+    (nothing inherited from the caller's own WORKER_* variables)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env.update(
+        WORKER_AMQP_URL=services.amqp,
+        WORKER_REDIS_URL=services.redis,
+        WORKER_QUEUE=names["queue"],
+        WORKER_STREAM_PREFIX=names["stream_prefix"],
+        WORKER_HTTP_PORT="0",
+    )
+    env.update(extra)
+    return env
+
+
 @pytest.fixture
 async def spawn(
     services: ServiceUrls, names: dict[str, str], tmp_path: Path
@@ -249,17 +264,9 @@ async def spawn(
     started: list[WorkerProcess] = []
 
     async def start(ready: bool = True, **env: str) -> WorkerProcess:
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
-        environment.update(
-            WORKER_AMQP_URL=services.amqp,
-            WORKER_REDIS_URL=services.redis,
-            WORKER_QUEUE=names["queue"],
-            WORKER_STREAM_PREFIX=names["stream_prefix"],
-            WORKER_HTTP_PORT="0",
-            WORKER_HTTP_HOST="127.0.0.1",
-            WORKER_LEASE_TTL_S="2",
+        environment = worker_env(
+            services, names, WORKER_HTTP_HOST="127.0.0.1", WORKER_LEASE_TTL_S="2", **env
         )
-        environment.update(env)
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

@@ -11,25 +11,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.integration.conftest import Producer, Subscriber, terminal
+from tests.integration.conftest import Producer, Subscriber, terminal, worker_env
 from tests.services import ServiceUrls
 
 
 def rid() -> str:
     return f"proc-{uuid.uuid4().hex[:10]}"
-
-
-def worker_env(services: ServiceUrls, names: dict[str, str], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
-    env.update(
-        WORKER_AMQP_URL=services.amqp,
-        WORKER_REDIS_URL=services.redis,
-        WORKER_QUEUE=names["queue"],
-        WORKER_STREAM_PREFIX=names["stream_prefix"],
-        WORKER_HTTP_PORT="0",
-    )
-    env.update(extra)
-    return env
 
 
 async def wait_for_line(stream: asyncio.StreamReader, needle: str, wait_s: float = 20) -> str:
