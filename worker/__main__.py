@@ -2,7 +2,7 @@
 
 import sys
 
-from worker.cli import main
+from worker.client.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

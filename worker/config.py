@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from worker.errors import ConfigError
+from worker.contract.errors import ConfigError
 
 ENV_PREFIX = "WORKER_"
 

@@ -5,7 +5,6 @@ start (tokenizer → engine → loop thread → Redis → broker → ready) and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -13,18 +12,24 @@ import socket
 import sys
 import time
 import uuid
-from pathlib import Path
 
+from prometheus_client import disable_created_metrics
 from redis.exceptions import RedisError
 
+from worker.broker.cancel import CancelListener
+from worker.broker.consumer import Consumer
 from worker.config import Settings, redact_url
-from worker.consumer import Consumer
 from worker.engine import engine_factory, start_engine
-from worker.http import ProbeServer
-from worker.looper import Looper
-from worker.metrics import EngineStatsCollector, Metrics
-from worker.publisher import Publisher, TlsFiles
-from worker.runner import JobRunner
+from worker.engine.looper import Looper
+from worker.ops.http import ProbeServer
+from worker.ops.metrics import EngineStatsCollector, Metrics
+from worker.ops.supervise import Supervisor
+from worker.pipeline.intake import Intake
+from worker.pipeline.leases import Leases
+from worker.pipeline.pump import OutputPump
+from worker.pipeline.runner import JobRunner
+from worker.streams.connect import redis_client
+from worker.streams.store import StreamStore
 from worker.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -34,6 +39,7 @@ REDIS_CHECK_S = 2.0
 
 EXIT_OK = 0
 EXIT_ENGINE_DEAD = 3
+EXIT_TASK_DIED = 70  # EX_SOFTWARE: a background task of the worker died
 
 
 class Service:
@@ -47,11 +53,11 @@ class Service:
         self.draining = False
         self.redis_up = False
         self._stopped = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(self._on_task_death)
         self._looper: Looper | None = None
         self._runner: JobRunner | None = None
         self._consumer: Consumer | None = None
-        self._publisher: Publisher | None = None
+        self._store: StreamStore | None = None
         self._http: ProbeServer | None = None
 
     # -- lifecycle --------------------------------------------------------------------
@@ -69,23 +75,21 @@ class Service:
         log.info("starting the %s engine", settings.engine)
         engine = await start_engine(factory, settings.engine_start_timeout_s)
         self.metrics.capacity.set(engine.capacity)
-        self._publisher = Publisher.from_url(
-            settings.redis_url,
+        self._store = store = StreamStore(
+            redis_client(settings.redis_url, settings=settings, client_name="trtllm-worker"),
             ttl_s=settings.stream_ttl_s,
             lease_ttl_s=settings.lease_ttl_s,
-            tls=TlsFiles(
-                ca_file=_path(settings.redis_ca_file),
-                cert_file=_path(settings.redis_cert_file),
-                key_file=_path(settings.redis_key_file),
-            ),
         )
-        runner = JobRunner(settings, tokenizer, self._publisher, self.metrics, self.worker_id)
+        leases = Leases(store, worker_id=self.worker_id, ttl_s=settings.lease_ttl_s)
+        pump = OutputPump(settings, store, leases, self.metrics)
+        intake = Intake(settings, tokenizer)
+        runner = JobRunner(settings, intake, store, leases, pump, self.metrics)
         self._runner = runner
         loop = asyncio.get_running_loop()
         self._looper = Looper(
             engine,
             loop,
-            runner.on_outputs,
+            pump.on_outputs,
             self._on_engine_death,
             stats_interval_s=settings.engine_stats_interval_s,
             stall_timeout_s=settings.engine_stall_timeout_s,
@@ -94,17 +98,28 @@ class Service:
         self.metrics.registry.register(EngineStatsCollector(lambda: looper.stats))
         runner.attach(self._looper)
         self._looper.start()
-        self._tasks.append(asyncio.create_task(runner.pump(), name="pump"))
-        self._tasks.append(asyncio.create_task(runner.keep_leases(), name="leases"))
+        self.supervisor.start("pump", pump.run())
+        self.supervisor.start("leases", runner.keep_leases())
         try:
-            await self._publisher.ping()
+            await store.ping()
         except (RedisError, OSError) as exc:
             raise ConnectionError(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
         self.redis_up = True
-        self._tasks.append(asyncio.create_task(self._watch_redis(), name="redis-watch"))
-        self._consumer = Consumer(settings, runner, self._publisher, self.metrics)
+        self.supervisor.start("redis-watch", self._watch_redis())
+        cancels = CancelListener(settings, store, runner.cancel)
+        self.supervisor.start("cancels", cancels.run())
+        self._consumer = Consumer(
+            settings,
+            intake,
+            runner.run,
+            cancels,
+            store,
+            self.metrics,
+            on_connection_lost=runner.hand_back_all,
+            name=f"trtllm-worker {self.worker_id}",
+        )
         await self._consumer.start()
         self._http = ProbeServer(
             host=settings.http_host,
@@ -134,15 +149,11 @@ class Service:
                 log.info("drain timeout: %d running jobs handed back", count)
                 await consumer.wait_jobs(5.0)
             await consumer.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.supervisor.stop()
         if self._looper is not None:
             await asyncio.to_thread(self._looper.stop)
-        if self._publisher is not None:
-            await self._publisher.close()
+        if self._store is not None:
+            await self._store.close()
         if self._http is not None:
             await self._http.close()
         log.info("stopped")
@@ -181,7 +192,7 @@ class Service:
             return False
         if time.monotonic() - looper.heartbeat > HEARTBEAT_STALE_S:
             return False
-        return all(not task.done() for task in self._tasks)
+        return self.supervisor.healthy
 
     def ready(self) -> bool:
         ok = (
@@ -197,10 +208,19 @@ class Service:
         self.metrics.ready.set(1 if ok else 0)
         return ok
 
+    @property
+    def exit_code(self) -> int:
+        if self.engine_failed:
+            return EXIT_ENGINE_DEAD
+        return EXIT_TASK_DIED if self.supervisor.dead is not None else EXIT_OK
+
+    def _on_task_death(self, name: str, exc: BaseException | None) -> None:
+        log.error("stopping: the %s task is dead", name)
+        self._stopped.set()
+
     def _on_engine_death(self, exc: BaseException) -> None:
         log.error("the engine died (%s): handing running jobs back and stopping", exc)
-        task = asyncio.get_running_loop().create_task(self._after_engine_death(exc))
-        self._tasks.append(task)
+        self.supervisor.start("engine-death", self._after_engine_death(exc), forever=False)
 
     async def _after_engine_death(self, exc: BaseException) -> None:
         """Stop consuming first, so the jobs handed back go to other workers instead of
@@ -215,11 +235,11 @@ class Service:
 
     async def _watch_redis(self) -> None:
         """Ping Redis; while it does not answer, take no new jobs (readiness is 503)."""
-        assert self._publisher is not None
+        assert self._store is not None
         while True:
             await asyncio.sleep(REDIS_CHECK_S)
             try:
-                up = await self._publisher.ping()
+                up = await self._store.ping()
             except (RedisError, OSError):
                 up = False
             if up != self.redis_up and self._consumer is not None and not self.draining:
@@ -233,17 +253,17 @@ Python's default 5 ms switch interval can keep it waiting that long to get it ba
 
 
 async def serve(settings: Settings) -> int:
-    """Run a worker until SIGTERM/SIGINT (exit 0 after draining) or engine death (3)."""
+    """Run a worker until SIGTERM/SIGINT (exit 0 after draining), engine death (3) or
+    the death of a background task (70)."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # `_created` series double every family for no use to an operator; set here, in the
+    # worker's own process, never on import (the SDK lives in other applications)
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     loop = asyncio.get_running_loop()
     async with Service(settings) as service:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, service.request_stop)
         await service.wait_stopped()
         log.info("stopping: draining for up to %.0fs", settings.drain_timeout_s)
-        failed = service.engine_failed
-    return EXIT_ENGINE_DEAD if failed else EXIT_OK
-
-
-def _path(value: Path | None) -> str | None:
-    return None if value is None else str(value)
+        code = service.exit_code
+    return code

@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from worker.errors import ConfigError
+from worker.contract.errors import ConfigError
 
 BUILTIN_SPECIAL_TOKENS = ("</s>",)
 

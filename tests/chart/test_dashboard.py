@@ -11,7 +11,7 @@ import pytest
 
 from tests.chart.support import DASHBOARD
 from worker.engine.base import EngineStats
-from worker.metrics import EngineStatsCollector, Metrics
+from worker.ops.metrics import EngineStatsCollector, Metrics
 
 Panel = dict[str, Any]
 

@@ -19,9 +19,9 @@ import worker.engine
 from tests.doubles import FakeGpu
 from tests.engines.conftest import create_trtllm, drive, trtllm_settings
 from worker.config import Settings
+from worker.contract.errors import ConfigError
 from worker.engine import engine_factory
 from worker.engine.base import Engine, EngineRequest, Sampling
-from worker.errors import ConfigError
 from worker.tokenizer import load_tokenizer
 
 FULL = Sampling(

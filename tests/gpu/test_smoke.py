@@ -14,7 +14,7 @@ import pytest
 
 from worker.config import Settings
 from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
-from worker.output import OutputProcessor, RequestState
+from worker.pipeline.output import OutputProcessor, RequestState
 from worker.tokenizer import load_tokenizer
 
 MODEL = os.environ.get("WORKER_GPU_TEST_MODEL")

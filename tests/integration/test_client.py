@@ -30,7 +30,7 @@ from worker.client import (
     TokenEvent,
 )
 from worker.config import Settings
-from worker.schema import JobLimits, parse_job
+from worker.contract.job import JobLimits, parse_job
 
 
 def rid() -> str:

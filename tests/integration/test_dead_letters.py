@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
-from worker.schema import MAX_BODY_BYTES
+from worker.contract.job import MAX_BODY_BYTES
 
 
 def rid() -> str:

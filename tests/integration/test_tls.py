@@ -22,8 +22,8 @@ import redis.asyncio as aioredis
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import free_port, run, wait_until
+from worker.broker.connect import amqp_ssl_context
 from worker.config import Settings
-from worker.consumer import amqp_ssl_context
 
 
 @pytest.fixture(scope="module")

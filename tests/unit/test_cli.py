@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from worker import __version__
-from worker.cli import (
+from worker.client import DeadLetter, DoneEvent
+from worker.client.cli import (
     EXIT_CONFIG,
     EXIT_FAILED,
     UsageError,
@@ -19,7 +20,6 @@ from worker.cli import (
     parse_params,
     summary,
 )
-from worker.client import DeadLetter, DoneEvent
 from worker.config import ENV_PREFIX
 
 

@@ -17,7 +17,7 @@ from worker.client import (
     parse_entry,
     validate_job,
 )
-from worker.schema import JobLimits, Parameters
+from worker.contract.job import JobLimits, Parameters
 
 
 def test_token_entry() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import worker
 from worker.config import ENV_PREFIX, Settings, load_settings, redact_url
-from worker.errors import ConfigError
+from worker.contract.errors import ConfigError
 
 PASSWORD = "s3cr3t-Pa55"
 

@@ -11,9 +11,9 @@ import pytest
 from tokenizers import Tokenizer, processors
 
 from worker.config import ENV_PREFIX, Settings
-from worker.errors import InputTooLong, InvalidJob
-from worker.inputs import PreparedInput, prepare_input
-from worker.schema import Job, JobLimits, parse_job
+from worker.contract.errors import InputTooLong, InvalidJob
+from worker.contract.job import Job, JobLimits, parse_job
+from worker.pipeline.intake import PreparedInput, prepare_input
 from worker.tokenizer import TokenizerInfo, builtin_byte_tokenizer, load_tokenizer
 
 REQUEST_ID = "req-1"

@@ -1,4 +1,4 @@
-"""OutputProcessor and RequestState (worker/output.py): engine outputs → stream entries
+"""OutputProcessor and RequestState (worker/pipeline/output.py): engine outputs → stream entries
 as CONTRACT.md "Token stream (Redis)" specifies them.
 
 Expected texts come from the tokenizer's full decode, never from literals, except where
@@ -12,8 +12,9 @@ from typing import cast
 import pytest
 from tokenizers import Tokenizer
 
+from worker.contract.stream import Fields, entry_id
 from worker.engine.base import EngineOutput, FinishReason
-from worker.output import Fields, OutputProcessor, RequestState, entry_id
+from worker.pipeline.output import OutputProcessor, RequestState
 
 TOKENIZERS = ["byte_tokenizer", "bpe_tokenizer"]
 PROMPT = "Hello"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from worker.errors import ConfigError
+from worker.contract.errors import ConfigError
 from worker.tokenizer import load_tokenizer
 
 TEXTS = [

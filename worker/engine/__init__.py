@@ -8,9 +8,9 @@ import threading
 from collections.abc import Callable
 
 from worker.config import Settings
+from worker.contract.errors import ConfigError
 from worker.engine.base import Engine
 from worker.engine.echo import EchoEngine
-from worker.errors import ConfigError
 from worker.tokenizer import TokenizerInfo
 
 INSTALL_HINT = (

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
+from worker.contract.stream import FinishReason
 
-class FinishReason(StrEnum):
-    """The contract's finish reasons; their strings are wire values."""
-
-    LENGTH = "length"
-    EOS_TOKEN = "eos_token"
-    STOP_SEQUENCE = "stop_sequence"
-    CANCELLED = "cancelled"
-    DEADLINE = "deadline"
+__all__ = ["Engine", "EngineOutput", "EngineRequest", "EngineStats", "FinishReason", "Sampling"]
 
 
 @dataclass(frozen=True, slots=True)

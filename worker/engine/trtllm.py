@@ -24,8 +24,8 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.llmapi import KvCacheConfig, RequestOutput
 
 from worker.config import Settings
+from worker.contract.errors import ConfigError
 from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
-from worker.errors import ConfigError
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)

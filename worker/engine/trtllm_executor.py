@@ -20,8 +20,8 @@ import tensorrt_llm
 import tensorrt_llm.bindings.executor as tle
 
 from worker.config import Settings
+from worker.contract.errors import ConfigError
 from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
-from worker.errors import ConfigError
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)

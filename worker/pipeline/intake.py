@@ -1,12 +1,14 @@
-"""Job → prompt token ids and budgets: tokenize, truncate, check the length limits."""
+"""A job's way in: message bytes → `Job` (validated against the settings' limits) →
+prompt token ids and budgets (tokenize, truncate, check the length limits)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from worker.config import Settings
-from worker.errors import InputTooLong, InvalidJob
-from worker.schema import Job
+from worker.contract.errors import InputTooLong, InvalidJob
+from worker.contract.job import Job, JobLimits, parse_job
 from worker.tokenizer import TokenizerInfo
 
 TOKENIZE_IN_THREAD_CHARS = 4096
@@ -51,5 +53,30 @@ def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> Pre
         )
     # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the
     # prompt by WORKER_MAX_INPUT_TOKENS, so their sum is within the contract's total.
-    max_new = params.max_new_tokens or settings.default_max_new_tokens
+    max_new = job.max_new_tokens(job_limits(settings))
     return PreparedInput(ids, max_new, params.min_new_tokens or 0)
+
+
+def job_limits(settings: Settings) -> JobLimits:
+    return JobLimits(settings.max_new_tokens, settings.default_max_new_tokens)
+
+
+class Intake:
+    """Validates and tokenizes jobs with one worker's settings and tokenizer."""
+
+    def __init__(self, settings: Settings, tokenizer: TokenizerInfo) -> None:
+        self._settings = settings
+        self._limits = job_limits(settings)
+        self.tokenizer = tokenizer
+
+    def read(self, body: bytes, *, content_type: str | None, message_id: str | None) -> Job:
+        """The job in a message body; `InvalidJob` naming the field."""
+        return parse_job(
+            body, content_type=content_type, message_id=message_id, limits=self._limits
+        )
+
+    async def prepare(self, job: Job) -> PreparedInput:
+        """Tokenize: off the event loop for long prompts."""
+        if job.inputs is not None and len(job.inputs) > TOKENIZE_IN_THREAD_CHARS:
+            return await asyncio.to_thread(prepare_input, job, self.tokenizer, self._settings)
+        return prepare_input(job, self.tokenizer, self._settings)

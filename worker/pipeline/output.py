@@ -11,18 +11,12 @@ from dataclasses import dataclass, field
 
 from tokenizers import Tokenizer
 
-from worker.detokenize import IncrementalDetokenizer, StopGate
-from worker.engine.base import EngineOutput, FinishReason
+from worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
+from worker.contract.stream import Fields, FinishReason, entry_id, error_fields
+from worker.engine.base import EngineOutput
+from worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
 
 log = logging.getLogger(__name__)
-
-Fields = dict[str, str | int | float]
-
-
-def entry_id(seq: int) -> str:
-    """Stream entry ids are `0-<seq>`, seq = index + 1 for tokens and one more for the
-    terminal entry: Redis then refuses to store any index twice or out of order."""
-    return f"0-{seq}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +32,6 @@ class Terminal:
         event = str(self.fields["event"])
         detail = self.fields.get("finish_reason", self.fields.get("code", ""))
         return f"{event}:{detail}"
-
-
-def error_fields(code: str, message: str) -> Fields:
-    return {"event": "error", "code": code, "message": " ".join(message.split())}
 
 
 class RequestState:
@@ -170,7 +160,7 @@ class OutputProcessor:
             if state is None:
                 continue
             if output.error is not None:
-                self._finish(state, error_fields("engine_error", output.error), batch)
+                self._finish(state, error_fields(ENGINE_ERROR, output.error), batch)
                 continue
             try:
                 self._tokens(state, output, batch)
@@ -181,7 +171,7 @@ class OutputProcessor:
                     continue
                 if output.finish is None:
                     batch.aborts.append(state.engine_id)
-                self._finish(state, error_fields("internal_error", f"output failed: {exc}"), batch)
+                self._finish(state, error_fields(INTERNAL_ERROR, f"output failed: {exc}"), batch)
         return batch
 
     def _tokens(self, state: RequestState, output: EngineOutput, batch: ProcessedBatch) -> None:

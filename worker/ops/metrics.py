@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from worker.engine.base import EngineStats
-
-# `_created` series double every family for no use to an operator
-disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _FINE_BUCKETS = (
     0.0001,

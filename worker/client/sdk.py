@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import ssl
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -36,22 +35,23 @@ from typing import Any, Literal, TypeVar, cast
 
 import aio_pika
 import aiormq
-import pydantic_core
-import redis.asyncio as aioredis
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.broker.connect import connect, reason
+from worker.broker.messages import persistent_copy
+from worker.client.admin import (
+    DROPPED_HEADERS,
+    RESET_FOR_REQUEUE,
+    DeadLetter,
+    read_dead_letter,
+)
 from worker.config import Settings, redact_url
-from worker.consumer import amqp_ssl_context
-from worker.errors import InvalidJob
-from worker.messages import persistent_copy
-from worker.publisher import TERMINAL_EVENTS, cancel_key, deliveries_key
-from worker.schema import (
+from worker.contract.errors import InvalidJob
+from worker.contract.job import (
     REQUEST_ID_PATTERN,
     JobLimits,
     Parameters,
@@ -59,24 +59,9 @@ from worker.schema import (
     parse_job,
     valid_request_id,
 )
-
-__all__ = [
-    "Client",
-    "ClientError",
-    "DeadLetter",
-    "DoneEvent",
-    "ErrorEvent",
-    "Event",
-    "InvalidJobError",
-    "JobFailed",
-    "QueueMissing",
-    "ServiceUnavailable",
-    "StreamFormatError",
-    "SyncClient",
-    "TokenEvent",
-    "job_body",
-    "parse_entry",
-]
+from worker.contract.stream import TERMINAL_EVENTS, deliveries_key, stream_key
+from worker.streams.connect import redis_client
+from worker.streams.store import mark_cancelled
 
 XREAD_BLOCK_MS = 2000
 SOCKET_TIMEOUT_S = 10.0  # above XREAD_BLOCK_MS: a blocked XREAD must not time out
@@ -85,35 +70,8 @@ XREAD_COUNT = 512
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 2.0
 DEFAULT_CLIENT_NAME = "trtllm-worker-client"
-ERROR_HEADERS = frozenset({"x-error-code", "x-error-message"})
-# Broker bookkeeping a republished copy must not carry: a quorum queue's delivery count
-# would make the worker count the dead letter's past deliveries against the new job.
-DROPPED_HEADERS = ERROR_HEADERS | {"x-delivery-count"}
 # Schema-only validation when the worker's limits are not known.
 _UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
-
-# KEYS: stream, deliveries counter. The job is about to run again: forget its delivery
-# count, and remove its stream if it ends with the `error` entry the worker wrote when it
-# dead-lettered the job (a stream that ends with a terminal entry is never run again).
-# 1: the stream was removed; 0: left as it was (absent, not a stream, or not ended by an
-# error).
-_RESET_FOR_REQUEUE = """
-redis.call('DEL', KEYS[2])
-if redis.call('TYPE', KEYS[1]).ok ~= 'stream' then return 0 end
-local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #tail == 0 then return 0 end
-local fields = tail[1][2]
-for i = 1, #fields, 2 do
-  if fields[i] == 'event' then
-    if fields[i + 1] == 'error' then
-      redis.call('DEL', KEYS[1])
-      return 1
-    end
-    return 0
-  end
-end
-return 0
-"""
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -222,52 +180,6 @@ def parse_entry(entry_id: str, fields: Mapping[str, str]) -> Event | None:
         raise StreamFormatError(f"entry {entry_id}: {reason}") from None
 
 
-# -- dead letters ---------------------------------------------------------------------
-
-
-class DeadLetter(BaseModel):
-    """A message of `<queue>.dead` and why the worker could not run it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    request_id: str | None
-    """From the body when it holds a well-formed one, else the AMQP message_id."""
-    code: str
-    message: str
-    body: bytes
-    content_type: str | None = None
-    message_id: str | None = None
-    headers: dict[str, Any] = {}
-
-
-def _header_text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return "" if value is None else str(value)
-
-
-def _dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
-    headers = dict(message.headers or {})
-    request_id: str | None = None
-    try:
-        data = pydantic_core.from_json(message.body)
-    except ValueError:
-        data = None
-    if isinstance(data, dict) and "request_id" in data:
-        request_id = valid_request_id(data["request_id"])
-    else:
-        request_id = valid_request_id(message.message_id)
-    return DeadLetter(
-        request_id=request_id,
-        code=_header_text(headers.get("x-error-code")) or "unknown",
-        message=_header_text(headers.get("x-error-message")),
-        body=message.body,
-        content_type=message.content_type,
-        message_id=message.message_id,
-        headers={k: v for k, v in headers.items() if k != "x-delivery-count"},
-    )
-
-
 # -- the job body ---------------------------------------------------------------------
 
 
@@ -321,54 +233,8 @@ def validate_job(body: Mapping[str, Any], limits: JobLimits | None = None) -> by
 # -- connections ----------------------------------------------------------------------
 
 
-def redis_client(
-    url: str,
-    *,
-    client_name: str = DEFAULT_CLIENT_NAME,
-    settings: Settings | None = None,
-    socket_timeout_s: float = SOCKET_TIMEOUT_S,
-) -> aioredis.Redis:
-    """A text-mode Redis client that reports failures at once (no hidden retries: the
-    stream reader retries itself, from the last entry id it saw)."""
-    options: dict[str, Any] = {
-        "decode_responses": True,
-        "client_name": client_name,
-        "socket_connect_timeout": CONNECT_TIMEOUT_S,
-        "socket_timeout": socket_timeout_s,
-        "retry": Retry(NoBackoff(), 0),
-    }
-    if settings is not None and url.startswith("rediss://"):
-        files = {
-            "ssl_ca_certs": settings.redis_ca_file,
-            "ssl_certfile": settings.redis_cert_file,
-            "ssl_keyfile": settings.redis_key_file,
-        }
-        if settings.redis_ca_file or settings.redis_cert_file:
-            options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
-            options.update({name: str(path) for name, path in files.items() if path})
-    return aioredis.Redis.from_url(url, **options)
-
-
-async def connect_amqp(
-    url: str, *, settings: Settings | None = None, timeout_s: float = CONNECT_TIMEOUT_S
-) -> AbstractConnection:
-    """A broker connection, or `ServiceUnavailable` with a one-line reason."""
-    try:
-        return await aio_pika.connect(
-            url,
-            timeout=timeout_s,
-            client_properties={"connection_name": DEFAULT_CLIENT_NAME},
-            ssl_context=amqp_ssl_context(settings) if settings is not None else None,
-        )
-    except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
-        raise ServiceUnavailable(
-            f"cannot connect to RabbitMQ at {redact_url(url)}: {_reason(exc)}"
-        ) from None
-
-
 def _reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    return reason(exc)
 
 
 _T = TypeVar("_T")
@@ -416,9 +282,12 @@ class Client:
             self.redis_url,
             client_name=client_name,
             settings=settings,
+            decode_responses=True,
             socket_timeout_s=max(SOCKET_TIMEOUT_S, xread_block_ms / 1000 + 5),
+            retry=False,  # the stream reader retries itself, from the last entry id seen
         )
-        self._reset_script = self._redis.register_script(_RESET_FOR_REQUEUE)
+        self._reset_script = self._redis.register_script(RESET_FOR_REQUEUE)
+        self._client_name = client_name
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._cancel_exchange: aio_pika.abc.AbstractExchange | None = None
@@ -435,7 +304,7 @@ class Client:
     def stream_key(self, request_id: str) -> str:
         if valid_request_id(request_id) is None:
             raise InvalidJobError(f"request_id {request_id!r}: must match {REQUEST_ID_PATTERN}")
-        return self.stream_prefix + request_id
+        return stream_key(self.stream_prefix, request_id)
 
     async def __aenter__(self) -> Client:
         return self
@@ -461,7 +330,12 @@ class Client:
     async def _amqp(self) -> AbstractConnection:
         async with self._lock:
             if self._connection is None or self._connection.is_closed:
-                self._connection = await connect_amqp(self.amqp_url, settings=self._settings)
+                try:
+                    self._connection = await connect(
+                        self.amqp_url, settings=self._settings, name=self._client_name
+                    )
+                except ConnectionError as exc:
+                    raise ServiceUnavailable(str(exc)) from None
                 self._channel = self._cancel_exchange = None
             return self._connection
 
@@ -541,7 +415,7 @@ class Client:
         (the cancel mark is also stored in Redis, so no running worker is needed)."""
         key = self.stream_key(request_id)
         with contextlib.suppress(RedisError, OSError):  # the broadcast below still goes out
-            await self._redis.set(cancel_key(key), "1", ex=self.stream_ttl_s)
+            await mark_cancelled(self._redis, key, self.stream_ttl_s)
         channel = await self._publisher()
         async with self._lock:
             if self._cancel_exchange is None:
@@ -660,7 +534,7 @@ class Client:
                 message = await queue.get(no_ack=False, fail=False, timeout=self.confirm_timeout_s)
                 if message is None:
                     break
-                held.append((message, _dead_letter(message)))
+                held.append((message, read_dead_letter(message)))
             yield held
         finally:
             for message, _ in held:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from worker.errors import InvalidJob
+from worker.contract.errors import InvalidJob
 
 MAX_BODY_BYTES = 1 << 20
 MAX_METADATA_BYTES = 4096

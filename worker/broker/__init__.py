@@ -1,0 +1,1 @@
+"""RabbitMQ: connecting (URLs, TLS), consuming jobs, settling messages, the cancel fanout."""

@@ -1,0 +1,253 @@
+"""RabbitMQ: the job queue, its dead-letter queue and the cancel fanout. A message runs
+as one task; how it ended becomes an `Outcome`, which `settle` carries out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import aio_pika
+import aiormq
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from redis.exceptions import RedisError
+
+from worker.broker.cancel import CancelListener
+from worker.broker.connect import connect_robust
+from worker.broker.settle import ACKNOWLEDGE, HAND_BACK, Outcome, Settler, outcome_of
+from worker.config import Settings, redact_url
+from worker.contract.errors import Action, ConfigError, DeliveryLimitExceeded, WorkerError
+from worker.contract.job import Job
+from worker.contract.stream import stream_key
+from worker.ops.log import request_id_var
+from worker.ops.metrics import Metrics
+from worker.pipeline.intake import Intake
+from worker.pipeline.runner import JobResult
+from worker.streams.store import StreamStore
+
+log = logging.getLogger(__name__)
+
+RunJob = Callable[[Job, float], Awaitable[JobResult]]
+_AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError)
+_VERB = {
+    Action.ACK: "ended",
+    Action.DEAD_LETTER: "to be dead-lettered",
+    Action.REQUEUE: "handed back",
+    Action.RETRY: "to be retried",
+}
+
+
+class Consumer:
+    """Consumes jobs and cancels; owns the AMQP connection."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        intake: Intake,
+        run_job: RunJob,
+        cancels: CancelListener,
+        store: StreamStore,
+        metrics: Metrics,
+        on_connection_lost: Callable[[str], int],
+        name: str = "trtllm-worker",
+    ) -> None:
+        self._settings = settings
+        self._intake = intake
+        self._run_job = run_job
+        self._cancels = cancels
+        self._store = store
+        self._metrics = metrics
+        self._on_lost = on_connection_lost
+        self._name = name
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._queue: AbstractQueue | None = None
+        self._consumer_tag: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._paused = False
+        self._settler = Settler(settings, store, metrics, lambda: self._channel)
+
+    @property
+    def connected(self) -> bool:
+        connection = self._connection
+        return (
+            connection is not None
+            and not connection.is_closed
+            and self._channel is not None
+            and not self._channel.is_closed
+        )
+
+    @property
+    def jobs_in_hand(self) -> int:
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        """Connect, declare the topology, start consuming."""
+        settings = self._settings
+        self._connection = await connect_robust(settings, self._name)
+        self._connection.close_callbacks.add(self._connection_lost)
+        channel = await self._connection.channel(publisher_confirms=True)
+        channel.close_callbacks.add(self._connection_lost)
+        self._channel = channel
+        await channel.set_qos(prefetch_count=settings.max_batch)
+        arguments = {"x-queue-type": settings.queue_type}
+        try:
+            self._queue = await channel.declare_queue(
+                settings.queue, durable=True, arguments=arguments
+            )
+            await channel.declare_queue(settings.dead_queue, durable=True, arguments=arguments)
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            raise ConfigError(
+                f"invalid setting WORKER_QUEUE_TYPE: queue {settings.queue!r} or "
+                f"{settings.dead_queue!r} exists with other arguments ({exc})"
+            ) from None
+        exchange = await channel.declare_exchange(
+            settings.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+        cancel_queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await cancel_queue.bind(exchange)
+        await cancel_queue.consume(self._cancels.on_message, no_ack=True)
+        self._consumer_tag = await self._queue.consume(self._on_message)
+        log.info(
+            "consuming %s (%s) at %s, prefetch %d",
+            settings.queue,
+            settings.queue_type,
+            redact_url(settings.amqp_url),
+            settings.max_batch,
+        )
+
+    async def stop_consuming(self) -> None:
+        """Take no more jobs; the ones in hand go on."""
+        if self._queue is not None and self._consumer_tag is not None:
+            tag, self._consumer_tag = self._consumer_tag, None
+            try:
+                await self._queue.cancel(tag)
+            except _AMQP_FAILURES as exc:
+                log.warning("cancelling the consumer failed: %s", exc)
+
+    async def pause(self) -> None:
+        """Take no new jobs for now (Redis is unreachable): the broker gives them to
+        other workers. The jobs in hand wait for Redis."""
+        if not self._paused and not self._closing:
+            self._paused = True
+            log.warning("pausing: no new jobs until Redis answers again")
+            await self.stop_consuming()
+
+    async def resume(self) -> None:
+        if self._paused and not self._closing and self._queue is not None:
+            self._paused = False
+            log.info("resuming: consuming %s again", self._settings.queue)
+            try:
+                self._consumer_tag = await self._queue.consume(self._on_message)
+            except _AMQP_FAILURES as exc:
+                self._paused = True
+                log.warning("resuming the consumer failed: %s", exc)
+
+    def _connection_lost(self, _sender: object, exc: BaseException | None) -> None:
+        """The deliveries of that connection died with it: the broker requeues them for
+        another worker (or this one, after reconnecting), which continues their streams.
+        Stop writing for them now."""
+        if self._closing:
+            return
+        count = self._on_lost("the broker connection was lost")
+        log.warning("broker connection lost (%s): %d running jobs dropped", exc, count)
+
+    async def wait_jobs(self, within_s: float) -> bool:
+        """Wait until every job in hand is settled. True if all were."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(list(self._tasks), timeout=within_s)
+        return not pending
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._connection is not None:
+            await self._connection.close()
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.create_task(self._handle(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        """One message, in a task of its own (so its log lines carry its request id)."""
+        received_at = time.monotonic()
+        if message.timestamp is not None:
+            waited = time.time() - message.timestamp.timestamp()
+            self._metrics.queue_wait.observe(max(waited, 0.0))
+        try:
+            outcome = await self._run(message, received_at)
+        except asyncio.CancelledError:
+            await self._settler.settle(message, HAND_BACK)
+            raise
+        await self._settler.settle(message, outcome)
+
+    async def _run(self, message: AbstractIncomingMessage, received_at: float) -> Outcome:
+        request_id_var.set(message.message_id)
+        try:
+            job = self._intake.read(
+                message.body, content_type=message.content_type, message_id=message.message_id
+            )
+            request_id_var.set(job.request_id)
+            await self._check_deliveries(message, job.request_id)
+            result = await self._run_job(job, received_at)
+        except Exception as exc:
+            outcome = outcome_of(exc)
+            error = outcome.error
+            assert error is not None
+            if error.request_id:
+                request_id_var.set(error.request_id)
+            if isinstance(exc, WorkerError):
+                log.info("%s: %s: %s", _VERB[outcome.action], error.code, error.message)
+            elif isinstance(exc, RedisError | OSError):
+                log.warning("Redis failed (%s); the job goes back to the queue", exc)
+            else:
+                log.exception("the job failed unexpectedly; it goes back to the queue")
+            return outcome
+        self._log_result(result, received_at)
+        return ACKNOWLEDGE
+
+    def _log_result(self, result: JobResult, received_at: float) -> None:
+        if result.terminal is None:
+            self._metrics.jobs.labels(outcome="skipped").inc()
+            log.info("already has a terminal entry; acknowledged")
+            return
+        terminal = result.terminal
+        elapsed = time.monotonic() - received_at
+        self._metrics.jobs.labels(outcome=terminal.outcome).inc()
+        self._metrics.job_duration.observe(elapsed)
+        log.info(
+            "%s, %d tokens, first token after %s, %.3fs in all",
+            terminal.outcome,
+            terminal.generated_tokens,
+            "-" if result.first_token_s is None else f"{result.first_token_s:.3f}s",
+            elapsed,
+        )
+
+    async def _check_deliveries(self, message: AbstractIncomingMessage, request_id: str) -> None:
+        """A message delivered more than WORKER_DELIVERY_LIMIT times is not run again.
+        Quorum queues count earlier deliveries in `x-delivery-count`; for classic queues
+        the worker counts them in Redis (a redelivered message only says it was)."""
+        count = (message.headers or {}).get("x-delivery-count")
+        if isinstance(count, int):
+            deliveries = count + 1
+        elif self._settings.queue_type == "classic":
+            key = stream_key(self._settings.stream_prefix, request_id)
+            deliveries = await self._store.count_delivery(key)
+        else:
+            deliveries = 1
+        if deliveries > self._settings.delivery_limit:
+            raise DeliveryLimitExceeded(
+                f"delivered {deliveries} times without finishing "
+                f"(WORKER_DELIVERY_LIMIT={self._settings.delivery_limit})",
+                request_id=request_id,
+            )

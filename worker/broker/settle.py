@@ -1,0 +1,134 @@
+"""The one place that acknowledges, requeues or dead-letters a message. What happens
+follows from how its job ended: success acknowledges; an error carries its own action
+(`WorkerError.action`) and says whether the stream gets an `error` entry first. No other
+module acks, nacks or rejects, and nothing here raises: a message whose settling fails
+is redelivered by the broker, where the stream makes the rerun a no-op."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from redis.exceptions import RedisError
+
+from worker.broker.messages import persistent_copy
+from worker.config import Settings
+from worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerError
+from worker.contract.job import valid_request_id
+from worker.contract.stream import error_fields, stream_key
+from worker.ops.metrics import Metrics
+from worker.streams.store import Ended, StreamStore
+
+log = logging.getLogger(__name__)
+
+CONFIRM_TIMEOUT_S = 15.0
+MAX_HEADER_MESSAGE = 1000
+_AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a job ended, as far as its message is concerned."""
+
+    action: Action
+    error: WorkerError | None = None
+
+
+ACKNOWLEDGE = Outcome(Action.ACK)
+HAND_BACK = Outcome(Action.REQUEUE)
+
+
+def outcome_of(exc: Exception) -> Outcome:
+    """The outcome of a job that raised `exc`: a `WorkerError` says its own action;
+    Redis or the network failing, or a bug, retries the job counted (so a job that always
+    fails ends in the dead-letter queue after the limit)."""
+    if isinstance(exc, WorkerError):
+        return Outcome(exc.action, exc)
+    if isinstance(exc, RedisError | OSError):
+        return Outcome(Action.RETRY, RetryLater(f"Redis failed: {exc}"))
+    return Outcome(Action.RETRY, RetryLater(f"{type(exc).__name__}: {exc}"))
+
+
+class Settler:
+    """Settles messages of one consumer (its channel publishes the dead letters)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StreamStore,
+        metrics: Metrics,
+        channel: Callable[[], AbstractChannel | None],
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._metrics = metrics
+        self._channel = channel
+
+    async def settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> Action:
+        """Carry out the outcome; returns the action taken (a failed error entry or dead
+        letter turns into a counted retry)."""
+        action = outcome.action
+        error = outcome.error
+        try:
+            if error is not None and error.writes_error_entry:
+                await self._error_entry(message, error)
+            if action is Action.DEAD_LETTER and error is not None:
+                await self._dead_letter(message, error)
+        except (RedisError, OSError, *_AMQP_FAILURES) as exc:
+            log.warning("%s failed (%s); the message goes back", action.value, exc)
+            action = Action.RETRY
+        if error is not None and action is Action.ACK:
+            self._metrics.jobs.labels(outcome=f"error:{error.code}").inc()
+        await self._amqp(message, action)
+        return action
+
+    async def _amqp(self, message: AbstractIncomingMessage, action: Action) -> None:
+        try:
+            if action in (Action.ACK, Action.DEAD_LETTER):
+                await message.ack()
+            elif action is Action.REQUEUE:
+                await message.nack(requeue=True)
+            else:
+                await message.reject(requeue=True)
+        except _AMQP_FAILURES as exc:
+            # The channel that delivered it is gone; the broker redelivers the message and
+            # the stream's terminal entry (if stored) makes the rerun a no-op.
+            log.warning(
+                "settling the message (%s) failed (%s); it will be redelivered", action.value, exc
+            )
+
+    async def _error_entry(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
+        """The `error` entry, through the store's one fenced end: with no lease held it
+        is written only where no worker owns the stream. Raises on Redis failures."""
+        request_id = error.request_id or valid_request_id(message.message_id)
+        if request_id is None:
+            return
+        key = stream_key(self._settings.stream_prefix, request_id)
+        try:
+            ended = await self._store.end(key, error_fields(error.code, error.message))
+        except StreamUnusable as exc:  # the key is not a stream: the dead letter says why
+            log.warning("cannot append the error entry: %s", exc.message)
+            return
+        if ended is Ended.NOT_OURS:
+            log.warning("error entry not written: another worker holds the request's lease")
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
+        """Copy the message to `<queue>.dead` with the reason, confirmed by the broker."""
+        reason = " ".join(error.message.split())[:MAX_HEADER_MESSAGE]
+        headers = dict(message.headers or {})
+        headers.update({"x-error-code": error.code, "x-error-message": reason})
+        channel = self._channel()
+        if channel is None:
+            raise ConnectionError("no channel to publish the dead letter on")
+        async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+            await channel.default_exchange.publish(
+                persistent_copy(message, headers),
+                routing_key=self._settings.dead_queue,
+                mandatory=True,
+            )
+        self._metrics.jobs.labels(outcome="dead_lettered").inc()
+        log.info("message dead-lettered: %s: %s", error.code, reason)

@@ -1,0 +1,98 @@
+"""The contract's error codes and one error hierarchy. Each error carries its stable
+`code` and, FastStream-style, what becomes of the message that raised it (`action`):
+`broker.settle` is the one place that turns the action into an AMQP call."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar, Final
+
+INVALID_REQUEST: Final = "invalid_request"
+INPUT_TOO_LONG: Final = "input_too_long"
+DEADLINE_EXCEEDED: Final = "deadline_exceeded"
+ENGINE_ERROR: Final = "engine_error"
+INTERNAL_ERROR: Final = "internal_error"
+ERROR_CODES: Final = frozenset(
+    {INVALID_REQUEST, INPUT_TOO_LONG, DEADLINE_EXCEEDED, ENGINE_ERROR, INTERNAL_ERROR}
+)
+
+
+class Action(Enum):
+    """What becomes of a message."""
+
+    ACK = "ack"
+    """Done with: its terminal entry is stored (or the job ended where it stood)."""
+    DEAD_LETTER = "dead_letter"
+    """It can never run: `error` entry, copy to `<queue>.dead`, acknowledge."""
+    REQUEUE = "requeue"
+    """Not this worker's to finish (shutdown, lost connection): back to the queue."""
+    RETRY = "retry"
+    """It failed here and may succeed later: back to the queue, counted as a failed
+    delivery, so a job that always fails ends as a dead letter."""
+
+
+class WorkerError(Exception):
+    """Base of every error the worker raises on purpose. Unless a subclass says
+    otherwise a job that raises it is retried, counted."""
+
+    code: ClassVar[str] = INTERNAL_ERROR
+    action: ClassVar[Action] = Action.RETRY
+    writes_error_entry: ClassVar[bool] = False
+    """Whether the stream gets an `error` entry with `code` and the message."""
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+
+
+class InvalidJob(WorkerError):
+    """The message can never run: dead-letter it, write an `error` entry, acknowledge."""
+
+    code = INVALID_REQUEST
+    action = Action.DEAD_LETTER
+    writes_error_entry = True
+
+
+class InputTooLong(InvalidJob):
+    """The prompt is longer than the limits allow (and `truncate` was not given)."""
+
+    code = INPUT_TOO_LONG
+
+
+class DeliveryLimitExceeded(InvalidJob):
+    """The message was delivered too many times without finishing (a poison job)."""
+
+    code = INTERNAL_ERROR
+
+
+class StreamUnusable(InvalidJob):
+    """The request's stream key holds something Redis cannot append to (not a stream)."""
+
+    code = INTERNAL_ERROR
+    writes_error_entry = False  # the key cannot take one: the dead letter says why
+
+
+class DeadlineExceeded(WorkerError):
+    """The job's deadline passed before it started: `error` entry, acknowledge."""
+
+    code = DEADLINE_EXCEEDED
+    action = Action.ACK
+    writes_error_entry = True
+
+
+class HandBack(WorkerError):
+    """The job was not finished here and must go back to the queue unacknowledged
+    (shutdown, lost connection or lease, dead engine); another worker continues it."""
+
+    action = Action.REQUEUE
+
+
+class RetryLater(WorkerError):
+    """Something this job needs failed (Redis refused a write, a bug): requeue it counted."""
+
+    action = Action.RETRY
+
+
+class ConfigError(Exception):
+    """A setting is malformed or out of range; the message is one line naming it."""

@@ -1,0 +1,57 @@
+"""The token stream as subscribers see it: key names, event types, entry ids and the
+fields of each entry. Producers, subscribers and the worker all stand on this module."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+Fields = dict[str, str | int | float]
+"""One stream entry's fields as written."""
+
+TOKEN: Final = "token"
+DONE: Final = "done"
+ERROR: Final = "error"
+TERMINAL_EVENTS: Final = frozenset({DONE, ERROR})
+
+
+class FinishReason(StrEnum):
+    """The contract's finish reasons; their strings are wire values."""
+
+    LENGTH = "length"
+    EOS_TOKEN = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+    CANCELLED = "cancelled"
+    DEADLINE = "deadline"
+
+
+def stream_key(prefix: str, request_id: str) -> str:
+    """A request's stream: `WORKER_STREAM_PREFIX + request_id`."""
+    return prefix + request_id
+
+
+def lease_key(key: str) -> str:
+    """The request's lease. Side keys are named `{<stream key>}:<suffix>`: the braces put
+    them in the stream's hash slot, so one script may touch them together on a cluster."""
+    return "{" + key + "}:lease"
+
+
+def cancel_key(key: str) -> str:
+    """The cancel mark of a request that may not have been taken yet."""
+    return "{" + key + "}:cancel"
+
+
+def deliveries_key(key: str) -> str:
+    """How often a classic queue delivered the request's message."""
+    return "{" + key + "}:deliveries"
+
+
+def entry_id(seq: int) -> str:
+    """Stream entry ids are `0-<seq>`, seq = index + 1 for tokens and one more for the
+    terminal entry: Redis then refuses to store any index twice or out of order."""
+    return f"0-{seq}"
+
+
+def error_fields(code: str, message: str) -> Fields:
+    """An `error` entry: its message on one line."""
+    return {"event": ERROR, "code": code, "message": " ".join(message.split())}

@@ -1,0 +1,1 @@
+"""Operations: logs, metrics, the HTTP probes, `check`, and task supervision."""

@@ -1,0 +1,209 @@
+"""`trtllm-worker check`: whether a worker with these settings would start and run:
+the broker and its queues, Redis, the tokenizer, the engine settings and the files the
+settings name; one line each, `ok ...` or `problem ...`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from worker.broker.connect import connect
+from worker.config import Settings, redact_url
+from worker.contract.errors import ConfigError
+from worker.streams.connect import redis_client, redis_version
+from worker.streams.store import StreamStore
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+    from worker.tokenizer import TokenizerInfo
+
+CHECK_NAME = "trtllm-worker-check"
+
+
+class Report:
+    """The lines of `check`: `ok <what>` or `problem <what>`, printed as they come."""
+
+    def __init__(self) -> None:
+        self.problems = 0
+
+    def ok(self, text: str) -> None:
+        print(f"ok {text}", flush=True)
+
+    def problem(self, text: str) -> None:
+        self.problems += 1
+        print(f"problem {' '.join(text.split())}", flush=True)
+
+
+async def check(settings: Settings) -> int:
+    """Check what a worker with these settings needs; one line each. Returns the number
+    of problems found."""
+    report = Report()
+    await _check_broker(settings, report)
+    await _check_redis(settings, report)
+    tokenizer = _check_tokenizer(settings, report)
+    _check_engine(settings, tokenizer, report)
+    _check_files(settings, report)
+    return report.problems
+
+
+async def _check_broker(settings: Settings, report: Report) -> None:
+    try:
+        connection = await connect(settings.amqp_url, settings=settings, name=CHECK_NAME)
+    except ConnectionError as exc:
+        report.problem(f"RabbitMQ: {exc}")
+        return
+    async with connection:
+        underlay = getattr(connection.transport, "connection", None)
+        version = (getattr(underlay, "server_properties", None) or {}).get("version", "?")
+        report.ok(f"RabbitMQ {version} at {redact_url(settings.amqp_url)}")
+        await _check_queue(connection, settings, settings.queue, "queue", report)
+        await _check_queue(connection, settings, settings.dead_queue, "dead-letter queue", report)
+        await _check_cancel_exchange(connection, settings, report)
+
+
+async def _check_queue(
+    connection: AbstractConnection, settings: Settings, name: str, label: str, report: Report
+) -> None:
+    """If the queue exists, the worker's own declaration of it must succeed."""
+    import aio_pika
+    import aiormq
+
+    what = f"{label} {name!r}"
+    try:
+        async with connection.channel() as channel:
+            try:
+                declared = await channel.declare_queue(name, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                report.ok(f"{what}: not declared yet (a worker declares it)")
+                return
+        result = declared.declaration_result
+        async with connection.channel() as channel:
+            await channel.declare_queue(
+                name, durable=True, arguments={"x-queue-type": settings.queue_type}
+            )
+        report.ok(
+            f"{what}: {settings.queue_type}, {result.message_count} messages, "
+            f"{result.consumer_count} consumers"
+        )
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        report.problem(
+            f"{what} exists with other arguments than the worker declares (durable, "
+            f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {_amqp_reason(exc)}"
+        )
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        report.problem(f"{what}: {_amqp_reason(exc)}")
+
+
+async def _check_cancel_exchange(
+    connection: AbstractConnection, settings: Settings, report: Report
+) -> None:
+    import aio_pika
+    import aiormq
+
+    what = f"cancel exchange {settings.cancel_exchange!r}"
+    try:
+        async with connection.channel() as channel:
+            try:
+                await channel.declare_exchange(settings.cancel_exchange, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                report.ok(f"{what}: not declared yet (a worker declares it)")
+                return
+        async with connection.channel() as channel:
+            await channel.declare_exchange(
+                settings.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+            )
+        report.ok(f"{what}: fanout")
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        report.problem(f"{what} is not a durable fanout exchange: {_amqp_reason(exc)}")
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        report.problem(f"{what}: {_amqp_reason(exc)}")
+
+
+def _amqp_reason(exc: BaseException) -> str:
+    args: tuple[object, ...] = exc.args
+    if len(args) >= 2 and isinstance(args[1], str):
+        return args[1]
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+async def _check_redis(settings: Settings, report: Report) -> None:
+    from redis.exceptions import RedisError
+
+    store = StreamStore(
+        redis_client(settings.redis_url, settings=settings, client_name=CHECK_NAME, retry=False),
+        ttl_s=settings.stream_ttl_s,
+    )
+    where = redact_url(settings.redis_url)
+    try:
+        await store.ping()
+        version = await redis_version(store.client)
+    except (RedisError, OSError) as exc:
+        report.problem(f"Redis: cannot connect to Redis at {where}: {' '.join(str(exc).split())}")
+        return
+    finally:
+        await store.close()
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    if major and major < 5:
+        report.problem(f"Redis {version} at {where}: streams need Redis 5 or later")
+    else:
+        report.ok(f"Redis {version} at {where}")
+
+
+def _check_tokenizer(settings: Settings, report: Report) -> TokenizerInfo | None:
+    from worker.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    except ConfigError as exc:
+        report.problem(f"tokenizer: {exc}")
+        return None
+    eos = ", ".join(str(i) for i in sorted(tokenizer.eos_ids)) or "none"
+    report.ok(f"tokenizer {tokenizer.source}: vocabulary {tokenizer.vocab_size}, EOS ids {eos}")
+    return tokenizer
+
+
+def _check_engine(settings: Settings, tokenizer: TokenizerInfo | None, report: Report) -> None:
+    from worker.engine import engine_factory
+    from worker.tokenizer import load_tokenizer
+
+    if settings.engine == "echo":
+        report.ok(f"engine echo: CPU, no model, {settings.max_batch} requests at once")
+        return
+    if settings.engine == "trtllm" and settings.model is not None:
+        if not settings.model.is_dir():
+            report.problem(f"WORKER_MODEL: {settings.model} is not a folder")
+        elif not (settings.model / "config.json").is_file():
+            report.problem(f"WORKER_MODEL: {settings.model} holds no config.json")
+    if settings.engine == "trtllm-executor" and settings.engine_dir is not None:
+        if not settings.engine_dir.is_dir():
+            report.problem(f"WORKER_ENGINE_DIR: {settings.engine_dir} is not a folder")
+        elif not (settings.engine_dir / "config.json").is_file():
+            report.problem(f"WORKER_ENGINE_DIR: {settings.engine_dir} holds no config.json")
+    try:
+        engine_factory(settings, tokenizer or load_tokenizer(None, None))
+    except ConfigError as exc:
+        report.problem(str(exc))
+        return
+    import tensorrt_llm
+
+    version = getattr(tensorrt_llm, "__version__", "?")
+    report.ok(f"engine {settings.engine}: tensorrt_llm {version} imports")
+
+
+def _check_files(settings: Settings, report: Report) -> None:
+    """Every other file a setting names must exist."""
+    names = (
+        "llm_extra_options",
+        "executor_worker_path",
+        "amqp_ca_file",
+        "amqp_cert_file",
+        "amqp_key_file",
+        "redis_ca_file",
+        "redis_cert_file",
+        "redis_key_file",
+    )
+    for name in names:
+        path = getattr(settings, name)
+        if isinstance(path, Path) and not path.exists():
+            report.problem(f"WORKER_{name.upper()}: {path} does not exist")

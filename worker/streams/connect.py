@@ -1,0 +1,84 @@
+"""The one place a Redis client is built, for the worker, the SDK, the CLI and `check`:
+URL, TLS files, timeouts and hiredis packing are settled here and nowhere else."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import hiredis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from worker.config import Settings
+
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_S = 10
+
+
+class _HiredisPacking:
+    """redis-py's asyncio connections pack commands in Python, one argument at a time:
+    on the hot path (ten arguments per token) that was the worker's largest cost. hiredis
+    packs a whole command in C."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str) and " " in args[0]:  # e.g. "SCRIPT LOAD"
+            args = (*args[0].split(), *args[1:])
+        return [hiredis.pack_command(args)]
+
+
+def _hiredis_packing(connection_class: type[Any]) -> type[Any]:
+    """The pool's connection class (plain, TLS or unix socket) packing with hiredis."""
+    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+
+
+def tls_options(url: str, settings: Settings | None) -> dict[str, Any]:
+    """redis-py's TLS options for `rediss://` from the CA and client-certificate
+    settings (none: the system's defaults, or the URL's own `ssl_*` parameters)."""
+    if settings is None or not url.startswith("rediss://"):
+        return {}
+    if not (settings.redis_ca_file or settings.redis_cert_file):
+        return {}
+    files = {
+        "ssl_ca_certs": settings.redis_ca_file,
+        "ssl_certfile": settings.redis_cert_file,
+        "ssl_keyfile": settings.redis_key_file,
+    }
+    options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    options.update({name: str(path) for name, path in files.items() if path})
+    return options
+
+
+def redis_client(
+    url: str,
+    *,
+    settings: Settings | None = None,
+    client_name: str,
+    decode_responses: bool = False,
+    socket_timeout_s: float = 30.0,
+    retry: bool = True,
+) -> aioredis.Redis:
+    """A client on its own pool. `retry=False` reports failures at once (callers that
+    resume themselves, like the stream reader, want no hidden retries)."""
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses,
+        "client_name": client_name,
+        "health_check_interval": HEALTH_CHECK_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": socket_timeout_s,
+        "retry_on_timeout": False,
+        **tls_options(url, settings),
+    }
+    if not retry:
+        options["retry"] = Retry(NoBackoff(), 0)
+    pool = aioredis.ConnectionPool.from_url(url, **options)
+    pool.connection_class = _hiredis_packing(pool.connection_class)
+    return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
+
+
+async def redis_version(client: aioredis.Redis) -> str:
+    """The server's version, for start-up logs and `check`."""
+    info = await client.info("server")
+    version = info.get("redis_version", b"") if isinstance(info, dict) else b""
+    return version.decode() if isinstance(version, bytes) else str(version)

@@ -1,0 +1,342 @@
+"""Every Redis write of the worker, fenced.
+
+- Token and terminal entries are written with explicit ids (`0-<seq>`): Redis refuses an
+  id that is not above the last, so no index is ever stored twice, even by a retry.
+- Every write is fenced by the request's lease `{<stream key>}:lease`: a Lua script
+  appends only while the caller's token holds the lease, and a caller without a lease
+  (an invalid job, refused before it took one) only while nobody holds it. A worker that
+  lost a job can no longer write to its stream, and none overwrites a stream another
+  worker owns.
+- One function ends a stream, `end_stream` in the script: the terminal entry, the TTL
+  and the lease release happen together or not at all.
+- One script call per batch of engine outputs for all its streams (a call per stream
+  cost Redis more than the appends); token entries travel without their field names."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import redis.asyncio as aioredis
+
+from worker.contract.errors import StreamUnusable
+from worker.contract.stream import (
+    TERMINAL_EVENTS,
+    TOKEN,
+    Fields,
+    cancel_key,
+    deliveries_key,
+    lease_key,
+)
+
+log = logging.getLogger(__name__)
+
+_TOKEN_FIELDS = 5  # event, index, token_id, text, logprob
+LEASE_LOST = -1
+AFTER_TAIL = ""
+"""The id of a terminal entry whose index is not known: after whatever the stream holds."""
+
+# ARGV[1]: the TTL of a finished stream. Then per stream (KEYS: stream, lease, ...):
+# lease token ('': the caller holds none), the number of token entries, the token
+# entries (id, index, token_id, text, logprob ('' for none)), then 0, or 1 and the
+# terminal entry: id ('': after the tail, unless the stream has ended already), the
+# number of fields, field, value, ... Returns per stream the entries written, -1 when the
+# fence refused (the lease is another's, or anyone's when the caller holds none), or the
+# error Redis gave ('ERR ...', 'WRONGTYPE ...'). An entry refused as "equal or smaller"
+# was stored by an earlier try and is skipped.
+_WRITE = """
+local ttl = tonumber(ARGV[1])
+
+local function owns(lease, token)
+  if token == '' then return redis.call('EXISTS', lease) == 0 end
+  return redis.call('GET', lease) == token
+end
+
+local function stored(reply)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'equal or smaller', 1, true) then return 0 end
+    return reply.err
+  end
+  return 1
+end
+
+-- The one place a stream ends: its terminal entry, its expiry, its lease released.
+local function end_stream(stream, lease, token, id, fields)
+  if id == '' then
+    local tail = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if tail.err then return tail.err end
+    local seq = 1
+    if #tail > 0 then
+      local f = tail[1][2]
+      for i = 1, #f, 2 do
+        if f[i] == 'event' and (f[i + 1] == 'done' or f[i + 1] == 'error') then return 0 end
+      end
+      seq = tonumber(string.match(tail[1][1], '-(%d+)$')) + 1
+    end
+    id = '0-' .. seq
+  end
+  local result = stored(redis.pcall('XADD', stream, id, unpack(fields)))
+  if type(result) == 'string' then return result end
+  redis.call('EXPIRE', stream, ttl)
+  if token ~= '' then redis.call('DEL', lease) end
+  return result
+end
+
+local results = {}
+local a = 2
+for s = 1, #KEYS, 2 do
+  local stream, lease, token = KEYS[s], KEYS[s + 1], ARGV[a]
+  local count = tonumber(ARGV[a + 1])
+  local i = a + 2
+  local after = i + count * 5
+  local has_end = ARGV[after] == '1'
+  local nfields = has_end and tonumber(ARGV[after + 2]) or 0
+  a = has_end and after + 3 + nfields * 2 or after + 1
+  local result = 0
+  if not owns(lease, token) then
+    result = -1
+  else
+    while i < after do
+      local ok
+      if ARGV[i + 4] == '' then
+        ok = redis.pcall('XADD', stream, ARGV[i], 'event', 'token', 'index', ARGV[i + 1],
+          'token_id', ARGV[i + 2], 'text', ARGV[i + 3])
+      else
+        ok = redis.pcall('XADD', stream, ARGV[i], 'event', 'token', 'index', ARGV[i + 1],
+          'token_id', ARGV[i + 2], 'text', ARGV[i + 3], 'logprob', ARGV[i + 4])
+      end
+      ok = stored(ok)
+      if type(ok) == 'string' then result = ok break end
+      result = result + ok
+      i = i + 5
+    end
+    if has_end and type(result) == 'number' then
+      local fields = {}
+      for k = 1, nfields * 2 do fields[k] = ARGV[after + 2 + k] end
+      local ended = end_stream(stream, lease, token, ARGV[after + 1], fields)
+      if type(ended) == 'string' then result = ended else result = result + ended end
+    end
+  end
+  results[#results + 1] = result
+end
+return results
+"""
+
+# KEYS: stream, lease, cancel mark. ARGV: token, lease ms. A job's first call: take the
+# lease (or find it ours already) and read the stream's tail and the cancel mark, in one
+# round trip. nil: another holds the lease. {-1, error}: the key is not a stream.
+_START = """
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return false end
+end
+local tail = redis.pcall('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if type(tail) == 'table' and tail.err then
+  redis.call('DEL', KEYS[2])
+  return {-1, tail.err}
+end
+return {1, redis.call('EXISTS', KEYS[3]), tail}
+"""
+
+# KEYS: lease. ARGV: token, ttl ms. Renew the lease if the token still holds it.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+# KEYS: lease. ARGV: token. Release the lease if the token holds it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+Entry = tuple[str, str, Fields]
+"""(stream key, entry id, fields): one entry to append."""
+
+
+class Ended(enum.Enum):
+    """What `StreamStore.end` did."""
+
+    STORED = "stored"
+    ALREADY_ENDED = "already ended"
+    """The stream ends with a terminal entry already (an earlier attempt stored it)."""
+    NOT_OURS = "not ours"
+    """The fence refused: another worker holds the request's lease."""
+
+
+@dataclass(slots=True)
+class StreamState:
+    """What a job finds in its stream when it is taken."""
+
+    terminal: bool = False
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    cancelled: bool = False
+
+
+async def mark_cancelled(client: aioredis.Redis, key: str, ttl_s: int) -> None:
+    """Remember a cancel for a request that may not have been taken yet (the worker's
+    cancel listener and the SDK's `cancel` both store it)."""
+    await client.set(cancel_key(key), b"1", ex=ttl_s)
+
+
+class StreamStore:
+    """All the worker's Redis I/O, on one client."""
+
+    def __init__(self, client: aioredis.Redis, *, ttl_s: int, lease_ttl_s: float = 10.0) -> None:
+        self.client = client
+        self._ttl_s = ttl_s
+        self._lease_ms = max(int(lease_ttl_s * 1000), 1)
+        self._write = client.register_script(_WRITE)
+        self._renew = client.register_script(_RENEW)
+        self._start = client.register_script(_START)
+        self._release = client.register_script(_RELEASE)
+
+    async def ping(self) -> bool:
+        """Whether Redis answers: the one health check of the worker and `check`."""
+        return bool(await self.client.ping())
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    # -- writing --------------------------------------------------------------------
+
+    async def write(self, entries: Sequence[Entry], leases: Mapping[str, str]) -> dict[str, str]:
+        """Store one batch in one round trip: per stream its entries in order, fenced by
+        its lease token in `leases` (a stream without one is written only while nobody
+        holds its lease). A terminal entry ends its stream (expiry, lease released).
+        Returns the keys not written, with why: the fence refused, or Redis refused the
+        key for good (it is not a stream). Raises on connection errors (then the batch
+        can be retried: ids make a retry idempotent)."""
+        if not entries:
+            return {}
+        tokens: dict[str, list[str | int | float]] = {}
+        ends: dict[str, tuple[str, Fields]] = {}
+        for key, seq_id, fields in entries:
+            args = tokens.get(key)
+            if args is None:
+                args = tokens[key] = []
+            if fields["event"] == TOKEN and len(fields) <= _TOKEN_FIELDS:
+                args += (
+                    seq_id,
+                    fields["index"],
+                    fields["token_id"],
+                    fields["text"],
+                    fields.get("logprob", ""),
+                )
+            else:
+                ends[key] = (seq_id, fields)
+        keys: list[str] = []
+        flat: list[str | int | float] = [self._ttl_s]
+        for key, args in tokens.items():
+            keys += (key, lease_key(key))
+            flat += (leases.get(key, ""), len(args) // 5, *args)
+            end = ends.get(key)
+            if end is None:
+                flat.append(0)
+            else:
+                seq_id, fields = end
+                flat += (1, seq_id, len(fields), *chain.from_iterable(fields.items()))
+        results = await self._write(keys=keys, args=flat)
+        refused: dict[str, str] = {}
+        for key, result in zip(tokens, results, strict=True):
+            if isinstance(result, bytes):
+                refused[key] = result.decode(errors="replace")
+            elif result == LEASE_LOST:
+                refused[key] = "the lease was lost: another worker owns this request now"
+        return refused
+
+    async def end(
+        self, key: str, fields: Fields, lease: str = "", seq_id: str = AFTER_TAIL
+    ) -> Ended:
+        """End one stream with `fields` (a `done` or `error` entry) through the same fenced
+        path as a batch: with `lease` its holder's token, or '' for a job that took none
+        (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
+        appends after whatever the stream holds, unless it has ended already. Raises
+        `StreamUnusable` when the key is not a stream."""
+        reply = await self._write(
+            keys=[key, lease_key(key)],
+            args=[
+                self._ttl_s,
+                lease,
+                0,
+                1,
+                seq_id,
+                len(fields),
+                *chain.from_iterable(fields.items()),
+            ],
+        )
+        result = reply[0]
+        if isinstance(result, bytes):
+            raise StreamUnusable(f"stream key {key!r} cannot be written: {result.decode()}")
+        if result == LEASE_LOST:
+            return Ended.NOT_OURS
+        return Ended.STORED if result else Ended.ALREADY_ENDED
+
+    # -- leases ---------------------------------------------------------------------
+
+    async def renew_leases(self, leases: Mapping[str, str]) -> list[str]:
+        """Renew every (stream key → token) lease in one round trip; returns the keys
+        whose lease is no longer theirs."""
+        if not leases:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for key, token in leases.items():
+            await self._renew(keys=[lease_key(key)], args=[token, self._lease_ms], client=pipe)
+        results = await pipe.execute()
+        return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
+
+    async def release_leases(self, leases: Mapping[str, str]) -> None:
+        if not leases:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key, token in leases.items():
+            await self._release(keys=[lease_key(key)], args=[token], client=pipe)
+        await pipe.execute()
+
+    # -- reading --------------------------------------------------------------------
+
+    async def start(self, key: str, token: str) -> StreamState | None:
+        """Take the request's lease and read what its stream holds, in one round trip
+        (the whole stream only when a resume needs it). None: another worker holds the
+        lease. Raises `StreamUnusable` when the key is not a stream."""
+        reply = await self._start(
+            keys=[key, lease_key(key), cancel_key(key)], args=[token, self._lease_ms]
+        )
+        if reply is None:
+            return None
+        if reply[0] == -1:
+            reason = reply[1].decode(errors="replace")
+            raise StreamUnusable(f"stream key {key!r} cannot be read: {reason}")
+        state = StreamState(cancelled=bool(reply[1]))
+        if not reply[2]:
+            return state
+        flat = reply[2][0][1]
+        event = next((flat[i + 1] for i in range(0, len(flat), 2) if flat[i] == b"event"), b"")
+        if event.decode() in TERMINAL_EVENTS:
+            state.terminal = True
+            return state
+        await self._read_tokens(key, state)
+        return state
+
+    async def _read_tokens(self, key: str, state: StreamState) -> None:
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self.client.xrange(key)  # type: ignore[assignment]
+        for _, entry in entries:
+            if entry.get(b"event") == b"token":
+                state.token_ids.append(int(entry[b"token_id"]))
+                state.texts.append(entry[b"text"].decode())
+
+    async def mark_cancelled(self, key: str) -> None:
+        await mark_cancelled(self.client, key, self._ttl_s)
+
+    async def count_delivery(self, key: str) -> int:
+        """How many times this request's message was taken (for classic queues, which
+        do not count deliveries themselves)."""
+        counter = deliveries_key(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(counter)
+        pipe.expire(counter, self._ttl_s)
+        count, _ = await pipe.execute()
+        return int(count)
