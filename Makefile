@@ -32,6 +32,7 @@ run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check worker tests bench
 	$(BIN)/ruff format --check worker tests bench
+	$(BIN)/lint-imports  # the layers of pyproject.toml: imports point down
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy

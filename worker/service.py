@@ -22,7 +22,8 @@ from worker.config import Settings, redact_url
 from worker.engine import engine_factory, start_engine
 from worker.engine.looper import Looper
 from worker.ops.http import ProbeServer
-from worker.ops.metrics import EngineStatsCollector, Metrics
+from worker.ops.engine_stats import EngineStatsCollector
+from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
 from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases

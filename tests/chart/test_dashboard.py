@@ -11,7 +11,8 @@ import pytest
 
 from tests.chart.support import DASHBOARD
 from worker.engine.base import EngineStats
-from worker.ops.metrics import EngineStatsCollector, Metrics
+from worker.ops.engine_stats import EngineStatsCollector
+from worker.ops.metrics import Metrics
 
 Panel = dict[str, Any]
 
