@@ -57,6 +57,7 @@ class Service:
         self.supervisor = Supervisor(self._on_task_death)
         self._looper: Looper | None = None
         self._runner: JobRunner | None = None
+        self._pump: OutputPump | None = None
         self._consumer: Consumer | None = None
         self._store: StreamStore | None = None
         self._http: ProbeServer | None = None
@@ -82,7 +83,7 @@ class Service:
             lease_ttl_s=settings.lease_ttl_s,
         )
         leases = Leases(store, worker_id=self.worker_id, ttl_s=settings.lease_ttl_s)
-        pump = OutputPump(settings, store, leases, self.metrics)
+        self._pump = pump = OutputPump(settings, store, leases, self.metrics)
         intake = Intake(settings, tokenizer)
         runner = JobRunner(settings, intake, store, leases, pump, self.metrics)
         self._runner = runner
@@ -151,6 +152,8 @@ class Service:
                 await consumer.wait_jobs(5.0)
             await consumer.close()
         await self.supervisor.stop()
+        if self._pump is not None:
+            await self._pump.wait_background()
         if self._looper is not None:
             await asyncio.to_thread(self._looper.stop)
         if self._store is not None:

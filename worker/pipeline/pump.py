@@ -109,6 +109,11 @@ class OutputPump:
             task.add_done_callback(self._background.discard)
         return len(states)
 
+    async def wait_background(self) -> None:
+        """Wait for the lease releases `hand_back_all` started (before closing Redis)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
     def cancel_engine(self, engine_id: int) -> None:
         if self.looper is not None:
             self.looper.cancel(engine_id)

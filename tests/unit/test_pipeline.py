@@ -1,0 +1,338 @@
+"""The core without a broker: the store's fenced writes, leases, the output pump and
+the job runner, on the real Redis (the store is Redis: a fake would prove nothing)
+with a fake looper (the engine thread is `test_looper.py`'s business)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.services import ServiceUrls
+from worker.config import Settings
+from worker.contract.errors import DeadlineExceeded, HandBack, StreamUnusable
+from worker.contract.job import Job
+from worker.contract.stream import FinishReason, error_fields, lease_key
+from worker.engine.base import EngineOutput, EngineRequest
+from worker.engine.looper import Looper
+from worker.ops.metrics import Metrics
+from worker.pipeline.intake import Intake
+from worker.pipeline.leases import Leases
+from worker.pipeline.pump import OutputPump
+from worker.pipeline.runner import JobRunner
+from worker.streams.connect import redis_client
+from worker.streams.store import AFTER_TAIL, Ended, StreamStore
+from worker.tokenizer import load_tokenizer
+
+
+@pytest.fixture
+async def redis(services: ServiceUrls) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(services.redis, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test:{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+async def store(
+    services: ServiceUrls, redis: aioredis.Redis, prefix: str
+) -> AsyncIterator[StreamStore]:
+    made = StreamStore(redis_client(services.redis, client_name="test"), ttl_s=60, lease_ttl_s=1.0)
+    yield made
+    await made.close()
+    keys = [k async for k in redis.scan_iter(match=f"*{prefix}*")]
+    if keys:
+        await redis.delete(*keys)
+
+
+def token(index: int, token_id: int, text: str) -> tuple[str, dict[str, Any]]:
+    return f"0-{index + 1}", {"event": "token", "index": index, "token_id": token_id, "text": text}
+
+
+async def entries(redis: aioredis.Redis, key: str) -> list[dict[str, str]]:
+    return [fields for _, fields in await redis.xrange(key)]
+
+
+# -- store --------------------------------------------------------------------------
+
+
+async def test_fenced_write_appends_only_for_the_lease_holder(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "a"
+    assert await store.start(key, "mine") is not None
+    seq, fields = token(0, 97, "a")
+    assert await store.write([(key, seq, fields)], {key: "mine"}) == {}
+    seq, fields = token(1, 98, "b")
+    refused = await store.write([(key, seq, fields)], {key: "stale"})
+    assert refused[key].startswith("the lease was lost")
+    assert [e["text"] for e in await entries(redis, key)] == ["a"]
+
+
+async def test_a_retried_batch_stores_no_index_twice(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "b"
+    await store.start(key, "t")
+    batch = [(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))]
+    assert await store.write(batch, {key: "t"}) == {}
+    assert await store.write(batch, {key: "t"}) == {}
+    assert [e["index"] for e in await entries(redis, key)] == ["0", "1"]
+
+
+async def test_the_terminal_entry_ends_the_stream(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "c"
+    await store.start(key, "t")
+    done = {"event": "done", "finish_reason": "length", "generated_tokens": 1}
+    batch = [(key, *token(0, 97, "a")), (key, "0-2", done)]
+    assert await store.write(batch, {key: "t"}) == {}
+    assert 0 < await redis.ttl(key) <= 60
+    assert not await redis.exists(lease_key(key))  # released with the terminal entry
+    assert (await entries(redis, key))[-1]["event"] == "done"
+
+
+async def test_an_unleased_end_never_overwrites_a_stream_another_worker_owns(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """An invalid job's error entry (written before any lease exists) lands only where
+    no worker holds the request's lease."""
+    key = prefix + "d"
+    await store.start(key, "other-worker")
+    await store.write([(key, *token(0, 97, "a"))], {key: "other-worker"})
+    assert await store.end(key, error_fields("invalid_request", "bad")) is Ended.NOT_OURS
+    assert [e["event"] for e in await entries(redis, key)] == ["token"]
+    await store.release_leases({key: "other-worker"})
+    assert await store.end(key, error_fields("invalid_request", "bad")) is Ended.STORED
+    assert [e["event"] for e in await entries(redis, key)] == ["token", "error"]
+    assert await store.end(key, error_fields("invalid_request", "again")) is Ended.ALREADY_ENDED
+    assert 0 < await redis.ttl(key) <= 60
+
+
+async def test_a_key_that_is_not_a_stream_is_refused_for_good(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "e"
+    await redis.set(key, "not a stream")
+    with pytest.raises(StreamUnusable):
+        await store.start(key, "t")
+    with pytest.raises(StreamUnusable):
+        await store.end(key, error_fields("invalid_request", "bad"), seq_id=AFTER_TAIL)
+    refused = await store.write([(key, *token(0, 97, "a"))], {})
+    assert "WRONGTYPE" in refused[key]
+
+
+# -- leases -------------------------------------------------------------------------
+
+
+async def test_a_lease_held_elsewhere_is_waited_out(store: StreamStore, prefix: str) -> None:
+    key = prefix + "f"
+    assert await store.start(key, "gone-worker") is not None  # expires after 1 s
+    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    attempts = 0
+
+    async def start() -> Any:
+        nonlocal attempts
+        attempts += 1
+        return await store.start(key, "mine")
+
+    await asyncio.wait_for(leases.take(key, "mine", start, lambda: False), 5)
+    assert attempts > 1
+    assert leases.token(key) == "mine"
+
+
+async def test_a_stopping_worker_gives_up_waiting_for_a_lease(
+    store: StreamStore, prefix: str
+) -> None:
+    key = prefix + "g"
+    await store.start(key, "other")
+    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    with pytest.raises(HandBack):
+        await leases.take(key, "mine", lambda: store.start(key, "mine"), lambda: True)
+
+
+async def test_renewing_reports_a_lease_lost(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    kept, lost = prefix + "h1", prefix + "h2"
+    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    for key in (kept, lost):
+        await leases.take(key, "mine", lambda key=key: store.start(key, "mine"), lambda: False)  # type: ignore[misc]
+    await redis.set(lease_key(lost), "thief")
+    reported: list[str] = []
+    await leases.renew(reported.append)
+    assert reported == [lost]
+    assert leases.token(kept) == "mine"
+    assert leases.token(lost) == ""
+
+
+# -- runner and pump ------------------------------------------------------------------
+
+
+class FakeLooper:
+    """Records what the runner hands the engine thread."""
+
+    def __init__(self) -> None:
+        self.submitted: list[EngineRequest] = []
+        self.cancelled: list[int] = []
+        self.new: asyncio.Queue[EngineRequest] = asyncio.Queue()
+
+    def submit(self, request: EngineRequest) -> None:
+        self.submitted.append(request)
+        self.new.put_nowait(request)
+
+    def cancel(self, engine_id: int) -> None:
+        self.cancelled.append(engine_id)
+
+    def consumed(self, batches: int) -> None:
+        pass
+
+
+class Pipeline:
+    def __init__(self, store: StreamStore, prefix: str) -> None:
+        self.settings = Settings(_env_file=None, stream_prefix=prefix, lease_ttl_s=1.0)  # type: ignore[call-arg]
+        self.metrics = Metrics()
+        self.leases = Leases(store, worker_id="w", ttl_s=1.0)
+        self.pump = OutputPump(self.settings, store, self.leases, self.metrics)
+        intake = Intake(self.settings, load_tokenizer(None, None))
+        self.runner = JobRunner(self.settings, intake, store, self.leases, self.pump, self.metrics)
+        self.looper = FakeLooper()
+        self.runner.attach(cast(Looper, self.looper))
+
+    async def submitted(self) -> EngineRequest:
+        """The next request handed to the engine thread."""
+        return await self.looper.new.get()
+
+
+@pytest.fixture
+async def pipeline(store: StreamStore, prefix: str) -> AsyncIterator[Pipeline]:
+    made = Pipeline(store, prefix)
+    pump = asyncio.create_task(made.pump.run())
+    yield made
+    pump.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
+    await made.pump.wait_background()
+
+
+def job(request_id: str, **fields: Any) -> Job:
+    return Job.model_validate({"request_id": request_id, "inputs": "abc", **fields})
+
+
+async def test_runner_publishes_what_the_engine_returns(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    run = asyncio.create_task(pipeline.runner.run(job("r1", parameters={"max_new_tokens": 3}), 0))
+    request = await pipeline.submitted()
+    assert (request.prompt_ids, request.max_new_tokens) == ([97, 98, 99], 3)
+    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98])], 0.0)
+    pipeline.pump.on_outputs([EngineOutput(request.id, [99], finish=FinishReason.LENGTH)], 0.0)
+    result = await run
+    assert result.terminal is not None
+    assert result.terminal.generated_tokens == 3
+    stored = await entries(redis, prefix + "r1")
+    assert [e.get("text") for e in stored[:-1]] == ["a", "b", "c"]
+    assert stored[-1]["generated_text"] == "abc"
+    assert len(pipeline.leases) == 0  # nothing leaked
+    assert len(pipeline.pump) == 0
+
+
+async def test_runner_resumes_after_the_stored_tokens(
+    pipeline: Pipeline, store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "r2"
+    await store.start(key, "earlier")
+    await store.write([(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))], {key: "earlier"})
+    await store.release_leases({key: "earlier"})
+    run = asyncio.create_task(pipeline.runner.run(job("r2", parameters={"max_new_tokens": 4}), 0))
+    request = await pipeline.submitted()
+    assert (request.prompt_ids, request.max_new_tokens, request.resumed_tokens) == (
+        [97, 98, 99, 97, 98],
+        2,
+        2,
+    )
+    pipeline.pump.on_outputs([EngineOutput(request.id, [99, 97], finish=FinishReason.LENGTH)], 0)
+    await run
+    stored = await entries(redis, key)
+    assert [e["index"] for e in stored[:-1]] == ["0", "1", "2", "3"]
+    assert stored[-1]["generated_text"] == "abca"
+    assert pipeline.metrics.resumed._value.get() == 1
+
+
+async def test_a_cancel_before_the_job_starts_ends_it_with_what_was_stored(
+    pipeline: Pipeline, store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "r3"
+    await store.start(key, "earlier")
+    await store.write([(key, *token(0, 97, "a"))], {key: "earlier"})
+    await store.release_leases({key: "earlier"})
+    await store.mark_cancelled(key)
+    result = await pipeline.runner.run(job("r3"), 0)
+    assert result.terminal is not None
+    done = (await entries(redis, key))[-1]
+    assert (done["finish_reason"], done["generated_tokens"], done["generated_text"]) == (
+        "cancelled",
+        "1",
+        "a",
+    )
+    assert pipeline.looper.submitted == []
+
+
+async def test_a_passed_deadline_is_not_run(pipeline: Pipeline) -> None:
+    with pytest.raises(DeadlineExceeded):
+        await pipeline.runner.run(job("r4", deadline="2001-01-01T00:00:00Z"), 0)
+    assert pipeline.looper.submitted == []
+    assert len(pipeline.leases) == 0
+
+
+async def test_cancel_reaches_the_engine_and_ends_cancelled(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    run = asyncio.create_task(pipeline.runner.run(job("r5"), 0))
+    request = await pipeline.submitted()
+    assert pipeline.runner.cancel("r5") is True
+    assert pipeline.looper.cancelled == [request.id]
+    pipeline.pump.on_outputs([EngineOutput(request.id, [], finish=FinishReason.CANCELLED)], 0)
+    await run
+    assert (await entries(redis, prefix + "r5"))[-1]["finish_reason"] == "cancelled"
+
+
+async def test_a_lost_lease_hands_the_job_back_and_stops_its_writes(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "r6"
+    run = asyncio.create_task(pipeline.runner.run(job("r6"), 0))
+    request = await pipeline.submitted()
+    await redis.set(lease_key(key), "another-worker")
+    pipeline.pump.on_outputs([EngineOutput(request.id, [97])], 0)
+    with pytest.raises(HandBack):
+        await run
+    assert await entries(redis, key) == []
+    assert pipeline.looper.cancelled == [request.id]  # out of the engine too
+    assert len(pipeline.pump) == 0
+
+
+async def test_hand_back_all_releases_the_leases(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    runs = [asyncio.create_task(pipeline.runner.run(job(f"h{i}"), 0)) for i in range(3)]
+    for _ in range(3):
+        await pipeline.submitted()
+    assert pipeline.runner.hand_back_all("the broker connection was lost") == 3
+    for run in runs:
+        with pytest.raises(HandBack):
+            await run
+    assert len(pipeline.leases) == 0
+    await pipeline.pump.wait_background()
+    # released, so the next owner need not wait for them to expire
+    assert await redis.exists(*(lease_key(f"{prefix}h{i}") for i in range(3))) == 0
