@@ -59,7 +59,8 @@ def token(index: int, token_id: int, text: str) -> tuple[str, dict[str, Any]]:
 
 
 async def entries(redis: aioredis.Redis, key: str) -> list[dict[str, str]]:
-    return [fields for _, fields in await redis.xrange(key)]
+    reply = cast(list[tuple[str, dict[str, str]]], await redis.xrange(key))
+    return [fields for _, fields in reply]
 
 
 # -- store --------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class FakeLooper:
 
 class Pipeline:
     def __init__(self, store: StreamStore, prefix: str) -> None:
-        self.settings = Settings(_env_file=None, stream_prefix=prefix, lease_ttl_s=1.0)  # type: ignore[call-arg]
+        self.settings = Settings(_env_file=None, stream_prefix=prefix, lease_ttl_s=1.0)
         self.metrics = Metrics()
         self.leases = Leases(store, worker_id="w", ttl_s=1.0)
         self.pump = OutputPump(self.settings, store, self.leases, self.metrics)

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.broker.cancel import CancelListener
 from worker.broker.consumer import Consumer
-from worker.broker.settle import Outcome, Settler, outcome_of
+from worker.broker.settle import Settler, outcome_of
 from worker.config import Settings
 from worker.contract.errors import (
     Action,
@@ -109,7 +109,7 @@ class FakeChannel:
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(_env_file=None, queue="q", stream_prefix="p:")  # type: ignore[call-arg]
+    return Settings(_env_file=None, queue="q", stream_prefix="p:")
 
 
 def settler(settings: Settings, store: FakeStore, channel: FakeChannel | None) -> Settler:
@@ -265,4 +265,3 @@ async def test_a_cancelled_handler_hands_its_message_back(settings: Settings) ->
     with pytest.raises(asyncio.CancelledError):
         await task
     assert message.calls == ["nack"]
-
