@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import shutil
 import signal
 import socket
@@ -82,23 +83,74 @@ async def test_kill_9_mid_stream_then_another_worker_resumes(
 async def test_broker_connections_closed_during_a_run(
     spawn: Spawn, producer: Producer, subscriber: Subscriber, services: ServiceUrls
 ) -> None:
+    """The broker closes both workers' connections while their jobs are mid-stream:
+    their deliveries go back, the workers reconnect, and every job ends exactly once,
+    resumed where its stream stood. The test proves the fault happened: the connections
+    it closed were the workers', jobs were running when they went (their streams had
+    tokens and no end), and some jobs were resumed."""
     if shutil.which("rabbitmqctl") is None:
         pytest.fail("rabbitmqctl is needed to close the broker's connections")
-    workers = [await spawn(WORKER_ECHO_STEP_MS="2", WORKER_MAX_BATCH="32") for _ in range(2)]
+    workers = [await spawn(WORKER_ECHO_STEP_MS="20", WORKER_MAX_BATCH="32") for _ in range(2)]
     jobs = {rid(): f"job {n:03d} " for n in range(200)}
     for request_id, prompt in jobs.items():
         await producer.publish(
             {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 60}}
         )
     await wait_for_entries(subscriber, next(iter(jobs)), 10)
-    assert await run("rabbitmqctl", "close_all_connections", "fault injection") == 0
+    closed = await close_connections_of([w.pid for w in workers])
+    mid_stream = [i for i in jobs if await is_mid_stream(subscriber, i)]
+    assert closed == 2, "each worker's connection was closed"
+    assert mid_stream, "jobs were mid-stream when their connections went"
     results = list((await subscriber.read_many(list(jobs), wait_s=120)).values())
     for prompt, entries in zip(jobs.values(), results, strict=True):
         assert_exact(entries, prompt, 60)
     assert all(w.process.returncode is None for w in workers), "the workers keep running"
-    assert any("broker connection lost" in w.log() for w in workers)
+    dropped = [int(n) for w in workers for n in DROPPED.findall(w.log())]
+    assert len(dropped) >= 2, "both workers saw their connection go"
+    assert sum(dropped) > 0, "running jobs were dropped with it"
     for port in [w.http_port for w in workers]:  # reconnected and consuming again
         await wait_until(functools.partial(http_is, port, "/readyz", 200))
+    resumed = sum([await metric(w.http_port, "worker_jobs_resumed_total") for w in workers])
+    assert resumed > 0, "dropped jobs continued their streams"
+
+
+DROPPED = re.compile(r"broker connection lost .*: (\d+) running jobs dropped")
+
+
+async def close_connections_of(pids: list[int]) -> int:
+    """Close, with rabbitmqctl, the broker connections of these worker processes only
+    (their connection names carry their pid); returns how many were closed."""
+    listing = await output("rabbitmqctl", "list_connections", "pid", "client_properties", "-q")
+    closed = 0
+    for line in listing.splitlines():
+        connection, _, properties = line.partition("\t")
+        if any(f'"trtllm-worker {socket.gethostname()}:{pid}:' in properties for pid in pids):
+            assert await run("rabbitmqctl", "close_connection", connection, "fault injection") == 0
+            closed += 1
+    return closed
+
+
+async def is_mid_stream(subscriber: Subscriber, request_id: str) -> bool:
+    entries = await subscriber.entries(request_id)
+    return bool(entries) and entries[-1]["event"] == "token"
+
+
+async def metric(port: int, name: str) -> float:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    body = (await reader.read()).decode()
+    writer.close()
+    values = [float(line.split()[-1]) for line in body.splitlines() if line.startswith(name + " ")]
+    return sum(values)
+
+
+async def output(*command: str) -> str:
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    stdout, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, command
+    return stdout.decode()
 
 
 def free_port() -> int:
