@@ -21,8 +21,8 @@ from worker.broker.consumer import Consumer
 from worker.config import Settings, redact_url
 from worker.engine import engine_factory, start_engine
 from worker.engine.looper import Looper
-from worker.ops.http import ProbeServer
 from worker.ops.engine_stats import EngineStatsCollector
+from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
 from worker.pipeline.intake import Intake
