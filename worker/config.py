@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     redis_ca_file: Path | None = None
     redis_cert_file: Path | None = None
     redis_key_file: Path | None = None
+    chat_template: Path | None = None
+    guided_decoding: Literal["xgrammar", "llguidance", "none"] = "xgrammar"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 

@@ -25,13 +25,14 @@ from worker.ops.engine_stats import EngineStatsCollector
 from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
+from worker.pipeline.chat import check_template
 from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases
 from worker.pipeline.pump import OutputPump
 from worker.pipeline.runner import JobRunner
 from worker.streams.connect import redis_client
 from worker.streams.store import StreamStore
-from worker.tokenizer import load_tokenizer
+from worker.tokenizer import tokenizer_for
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,16 @@ class Service:
 
     async def start(self) -> None:
         settings = self.settings
-        tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+        tokenizer = tokenizer_for(settings)
         log.info(
             "tokenizer: %s, vocabulary %d, EOS ids %s",
             tokenizer.source,
             tokenizer.vocab_size,
             sorted(tokenizer.eos_ids) or "none",
         )
+        if tokenizer.chat_template is not None:
+            check_template(tokenizer.chat_template, str(tokenizer.chat_template_source))
+            log.info("chat template from %s", tokenizer.chat_template_source)
         factory = engine_factory(settings, tokenizer)
         log.info("starting the %s engine", settings.engine)
         engine = await start_engine(factory, settings.engine_start_timeout_s)

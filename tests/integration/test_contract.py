@@ -97,7 +97,7 @@ async def test_stop_sequence_ends_generation_and_is_not_published(
 async def test_eos_ends_the_job_without_its_text(
     run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
 ) -> None:
-    eos_job, min_job, ignore_job = rid(), rid(), rid()
+    eos_job, min_job, ignore_job, keep_job = rid(), rid(), rid(), rid()
     prompt = [104, 105, 256]  # "hi</s>" with the built-in tokenizer
     async with run_worker(eos_token="</s>"):
         await producer.publish({"request_id": eos_job, "input_ids": prompt})
@@ -111,9 +111,21 @@ async def test_eos_ends_the_job_without_its_text(
                 "parameters": {"ignore_eos": True, "max_new_tokens": 4},
             }
         )
+        await producer.publish(
+            {
+                "request_id": keep_job,
+                "input_ids": prompt,
+                "parameters": {
+                    "ignore_eos": True,
+                    "max_new_tokens": 4,
+                    "skip_special_tokens": False,
+                },
+            }
+        )
         eos = await subscriber.read_until_terminal(eos_job)
         min_entries = await subscriber.read_until_terminal(min_job)
         ignored = await subscriber.read_until_terminal(ignore_job)
+        kept = await subscriber.read_until_terminal(keep_job)
     assert terminal(eos)["finish_reason"] == "eos_token"
     assert terminal(eos)["generated_text"] == "hi"
     assert [e["text"] for e in tokens(eos)] == ["h", "i", ""]
@@ -122,8 +134,12 @@ async def test_eos_ends_the_job_without_its_text(
     assert terminal(min_entries)["finish_reason"] == "eos_token"
     assert terminal(min_entries)["generated_tokens"] == "6"
     assert terminal(min_entries)["generated_text"] == "hihi"
+    # an ignored EOS is generated like any token: a special token, so its text is left
+    # out unless the job keeps special tokens (still one entry per token)
     assert terminal(ignored)["finish_reason"] == "length"
-    assert terminal(ignored)["generated_text"] == "hi</s>h"
+    assert [e["text"] for e in tokens(ignored)] == ["h", "i", "", "h"]
+    assert terminal(ignored)["generated_text"] == "hih"
+    assert terminal(kept)["generated_text"] == "hi</s>h"
 
 
 async def test_truncate_and_logprobs(

@@ -61,7 +61,9 @@ def _expected_suffix(tokenizer: Tokenizer, prompt: Sequence[int], ids: Sequence[
 
 
 def _run(tokenizer: Tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> tuple[list[str], str]:
-    detok = IncrementalDetokenizer(tokenizer, prompt)
+    """The detokenizer keeping special tokens' text, as `_decode` does (the tests with
+    special tokens skipped are in test_real_tokenizers.py)."""
+    detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=False)
     steps = [detok.step(token_id) for token_id in ids]
     return steps, detok.flush()
 
@@ -218,7 +220,7 @@ def test_random_ids_never_release_a_partial_character(
     full = _decode(tokenizer, [*prompt, *ids])
     assume(full.startswith(base))
     expected = full[len(base) :]
-    detok = IncrementalDetokenizer(tokenizer, prompt)
+    detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=False)
 
     released = ""
     for token_id in ids:

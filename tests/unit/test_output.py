@@ -48,6 +48,8 @@ def _state(
     stops: Sequence[str] = (),
     min_new_tokens: int = 0,
     eos_ids: frozenset[int] = frozenset(),
+    stop_token_ids: frozenset[int] = frozenset(),
+    skip_special_tokens: bool = True,
     return_logprobs: bool = False,
     metadata_json: str | None = None,
 ) -> RequestState:
@@ -62,6 +64,8 @@ def _state(
         stops=stops,
         min_new_tokens=min_new_tokens,
         eos_ids=eos_ids,
+        stop_token_ids=stop_token_ids,
+        skip_special_tokens=skip_special_tokens,
         return_logprobs=return_logprobs,
         metadata_json=metadata_json,
     )
@@ -367,13 +371,13 @@ def test_eos_token_text_is_not_published(
 
 
 @pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
-def test_eos_text_is_published_when_eos_is_ignored(
+def test_eos_text_is_published_when_eos_is_ignored_and_specials_kept(
     request: pytest.FixtureRequest, tokenizer_name: str
 ) -> None:
     tokenizer = _get_tokenizer(request, tokenizer_name)
     eos = tokenizer.token_to_id(EOS)
     assert eos is not None
-    state = _state(tokenizer, eos_ids=frozenset())  # ignore_eos
+    state = _state(tokenizer, eos_ids=frozenset(), skip_special_tokens=False)  # ignore_eos
     prompt = tokenizer.encode(PROMPT).ids
     ids = [*tokenizer.encode(" fin").ids, eos]
 
@@ -386,6 +390,52 @@ def test_eos_text_is_published_when_eos_is_ignored(
     assert _texts(entries)[-1] == eos_text
     _, done = _terminal(entries, state.key)
     assert done["generated_text"] == _suffix(tokenizer, prompt, ids) == "".join(_texts(entries))
+
+
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+def test_special_token_text_is_skipped_by_default(
+    request: pytest.FixtureRequest, tokenizer_name: str
+) -> None:
+    """With `ignore_eos` a generated EOS does not end the request; its text `</s>` is
+    left out unless the job asks for special tokens."""
+    tokenizer = _get_tokenizer(request, tokenizer_name)
+    eos = tokenizer.token_to_id(EOS)
+    assert eos is not None
+    state = _state(tokenizer, eos_ids=frozenset())  # ignore_eos
+    before = tokenizer.encode(" fin").ids
+    ids = [*before, eos, *tokenizer.encode(" more").ids]
+    entries = _run(
+        _processor(state), [EngineOutput(state.engine_id, ids, finish=FinishReason.LENGTH)]
+    )
+    texts = _texts(entries)
+    assert len(texts) == len(ids)  # still one entry per token
+    assert texts[len(before)] == ""  # the EOS entry
+    _, done = _terminal(entries, state.key)
+    assert EOS not in done["generated_text"]
+    assert done["generated_text"] == "".join(texts)
+
+
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+def test_a_stop_token_id_ends_with_stop_sequence_and_no_text(
+    request: pytest.FixtureRequest, tokenizer_name: str
+) -> None:
+    tokenizer = _get_tokenizer(request, tokenizer_name)
+    stop = tokenizer.encode("!").ids[-1]
+    ids = [*tokenizer.encode(" one two").ids, stop]
+    assert stop not in ids[:-1]
+    state = _state(tokenizer, stop_token_ids=frozenset({stop}), skip_special_tokens=False)
+    entries = _run(
+        _processor(state), [EngineOutput(state.engine_id, ids, finish=FinishReason.STOP_SEQUENCE)]
+    )
+    texts = _texts(entries)
+    assert texts[-1] == ""
+    _, done = _terminal(entries, state.key)
+    assert done["finish_reason"] == "stop_sequence"
+    assert (
+        done["generated_text"]
+        == "".join(texts)
+        == _suffix(tokenizer, tokenizer.encode(PROMPT).ids, ids[:-1])
+    )
 
 
 def test_eos_token_carries_held_back_and_unfinished_text(byte_tokenizer: Tokenizer) -> None:

@@ -493,6 +493,9 @@ def test_all_parameters_together() -> None:
         "truncate": 100,
         "return_logprobs": True,
         "add_special_tokens": False,
+        "skip_special_tokens": False,
+        "stop_token_ids": [2, 7],
+        "grammar": {"type": "regex", "value": "[a-z]+"},
     }
     job = parse(make_body(parameters=parameters))
     assert job.parameters.model_dump() == parameters

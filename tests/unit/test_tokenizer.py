@@ -145,20 +145,26 @@ def test_folder_eos_as_added_token_dict(tokenizer_dir: Path, bpe_tokenizer: Toke
     assert info.eos_ids == frozenset({token_id(bpe_tokenizer, "</s>")})
 
 
-def test_generation_config_int_wins(tokenizer_dir: Path, bpe_tokenizer: Tokenizer) -> None:
-    bos = token_id(bpe_tokenizer, "<s>")
-    assert bos != token_id(bpe_tokenizer, "</s>")
+def test_generation_config_int_joins_the_tokenizer_eos(
+    tokenizer_dir: Path, bpe_tokenizer: Tokenizer
+) -> None:
+    bos, eos = token_id(bpe_tokenizer, "<s>"), token_id(bpe_tokenizer, "</s>")
+    assert bos != eos
     (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": bos}))
     info = load_tokenizer(tokenizer_dir, None)
-    assert info.eos_ids == frozenset({bos})
+    assert info.eos_ids == frozenset({bos, eos})
+    assert info.end_id == eos  # the tokenizer's own EOS is the engine's end id
 
 
-def test_generation_config_list_wins(tokenizer_dir: Path, bpe_tokenizer: Tokenizer) -> None:
+def test_generation_config_list_gives_every_eos(
+    tokenizer_dir: Path, bpe_tokenizer: Tokenizer
+) -> None:
+    """Llama 3 lists several EOS ids (`<|end_of_text|>`, `<|eot_id|>`, `<|eom_id|>`)."""
     ids = [token_id(bpe_tokenizer, "<s>"), bpe_tokenizer.encode("fox").ids[-1]]
     (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
     info = load_tokenizer(tokenizer_dir, None)
-    assert info.eos_ids == frozenset(ids)
-    assert info.end_id == min(ids)
+    assert info.eos_ids == frozenset({*ids, token_id(bpe_tokenizer, "</s>")})
+    assert info.end_id == token_id(bpe_tokenizer, "</s>")
 
 
 def test_generation_config_without_eos_falls_back(

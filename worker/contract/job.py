@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -18,6 +18,8 @@ MAX_BODY_BYTES = 1 << 20
 MAX_METADATA_BYTES = 4096
 MAX_STOP_SEQUENCES = 8
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 16
+MAX_MESSAGES = 256
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 _RFC3339_RE = re.compile(
@@ -33,6 +35,39 @@ class JobLimits:
 
     max_new_tokens: int
     default_max_new_tokens: int
+
+
+class JsonGrammar(BaseModel):
+    """Output constrained to a JSON Schema."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Literal["json"]
+    value: dict[str, Any]
+
+
+class RegexGrammar(BaseModel):
+    """Output constrained to a regular expression."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    type: Literal["regex"]
+    value: Annotated[str, Field(min_length=1)]
+
+
+Grammar = Annotated[JsonGrammar | RegexGrammar, Field(discriminator="type")]
+
+
+class Message(BaseModel):
+    """One message of a conversation, as chat templates read it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    role: Annotated[str, Field(min_length=1)]
+    content: str
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class Parameters(BaseModel):
@@ -61,6 +96,11 @@ class Parameters(BaseModel):
     truncate: Annotated[int, Field(ge=1)] | None = None
     return_logprobs: bool = False
     add_special_tokens: bool = True
+    skip_special_tokens: bool = True
+    stop_token_ids: (
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None
+    ) = None
+    grammar: Grammar | None = None
 
 
 class Job(BaseModel):
@@ -71,6 +111,9 @@ class Job(BaseModel):
     request_id: Annotated[str, Field(pattern=REQUEST_ID_PATTERN)]
     inputs: Annotated[str, Field(min_length=1)] | None = None
     input_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     parameters: Parameters = Parameters()
     deadline: datetime | None = None
     metadata: dict[str, Any] | None = None
@@ -101,8 +144,13 @@ class Job(BaseModel):
 
     @model_validator(mode="after")
     def _one_prompt(self) -> Job:
-        if (self.inputs is None) == (self.input_ids is None):
-            raise ValueError("inputs, input_ids: exactly one of the two must be given")
+        given = [self.inputs, self.input_ids, self.messages]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("inputs, input_ids, messages: exactly one of them must be given")
+        if self.messages is None:
+            for name in ("tools", "chat_template_kwargs"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only with messages")
         return self
 
     def max_new_tokens(self, limits: JobLimits) -> int:

@@ -7,11 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from worker.contract.stream import FinishReason
 
-__all__ = ["Engine", "EngineOutput", "EngineRequest", "EngineStats", "FinishReason", "Sampling"]
+__all__ = [
+    "Engine",
+    "EngineOutput",
+    "EngineRequest",
+    "EngineStats",
+    "FinishReason",
+    "Guide",
+    "Sampling",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +37,15 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
+class Guide:
+    """Guided decoding for one request: a JSON Schema (as JSON) or a regular expression,
+    already checked at intake; the engine compiles it for its vocabulary."""
+
+    kind: Literal["json", "regex"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One request for the engine.
 
@@ -42,9 +59,15 @@ class EngineRequest:
     min_new_tokens: int = 0
     end_id: int = -1
     eos_ids: frozenset[int] = frozenset()
+    """The model's EOS ids (empty with `ignore_eos`): generating one ends the request
+    with `eos_token`."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """The job's own stop ids: generating one ends it with `stop_sequence`, even with
+    `ignore_eos`."""
     ignore_eos: bool = False
     sampling: Sampling = field(default_factory=Sampling)
     return_logprobs: bool = False
+    guide: Guide | None = None
     resumed_tokens: int = 0
     deadline: float | None = None
     """Wall-clock time (`time.time()`) after which the engine may stop the request with

@@ -1,6 +1,8 @@
 """The built-in echo engine: generated token k is prompt token k mod n. It stands in for
 a GPU in tests and benchmarks: all in-flight requests advance together, one token per
-step of `step_s` seconds, at most `capacity` of them at once (the rest wait)."""
+step of `step_s` seconds, at most `capacity` of them at once (the rest wait). EOS ids,
+stop token ids, `min_new_tokens` and `max_new_tokens` end requests as a model's would;
+sampling parameters and guided decoding (checked at intake) are ignored."""
 
 from __future__ import annotations
 
@@ -141,12 +143,11 @@ class EchoEngine:
         produced = running.generated - request.resumed_tokens
         logprobs = [0.0] if request.return_logprobs else None
         finish = None
-        if (
-            not request.ignore_eos
-            and token in request.eos_ids
-            and produced >= request.min_new_tokens
-        ):
+        may_stop = produced >= request.min_new_tokens
+        if may_stop and not request.ignore_eos and token in request.eos_ids:
             finish = FinishReason.EOS_TOKEN
+        elif may_stop and token in request.stop_token_ids:
+            finish = FinishReason.STOP_SEQUENCE
         elif produced >= request.max_new_tokens:
             finish = FinishReason.LENGTH
         return EngineOutput(request.id, [token], logprobs, finish)

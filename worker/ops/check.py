@@ -42,6 +42,7 @@ async def check(settings: Settings) -> int:
     await _check_broker(settings, report)
     await _check_redis(settings, report)
     tokenizer = _check_tokenizer(settings, report)
+    _check_guided_decoding(settings, report)
     _check_engine(settings, tokenizer, report)
     _check_files(settings, report)
     return report.problems
@@ -151,16 +152,40 @@ async def _check_redis(settings: Settings, report: Report) -> None:
 
 
 def _check_tokenizer(settings: Settings, report: Report) -> TokenizerInfo | None:
-    from worker.tokenizer import load_tokenizer
+    from worker.pipeline.chat import check_template
+    from worker.tokenizer import tokenizer_for
 
     try:
-        tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+        tokenizer = tokenizer_for(settings)
     except ConfigError as exc:
         report.problem(f"tokenizer: {exc}")
         return None
     eos = ", ".join(str(i) for i in sorted(tokenizer.eos_ids)) or "none"
     report.ok(f"tokenizer {tokenizer.source}: vocabulary {tokenizer.vocab_size}, EOS ids {eos}")
+    if tokenizer.chat_template is None:
+        report.ok("chat template: none (jobs with messages are refused)")
+    else:
+        try:
+            check_template(tokenizer.chat_template, str(tokenizer.chat_template_source))
+        except ConfigError as exc:
+            report.problem(str(exc))
+        else:
+            report.ok(f"chat template from {tokenizer.chat_template_source}")
     return tokenizer
+
+
+def _check_guided_decoding(settings: Settings, report: Report) -> None:
+    from worker.pipeline.grammar import compiler_name
+
+    backend = settings.guided_decoding
+    if backend == "none":
+        report.ok("guided decoding: none (jobs with a grammar are refused)")
+        return
+    compiler = compiler_name(backend)
+    if compiler == "none":
+        report.problem(f"guided decoding {backend}: neither xgrammar nor llguidance imports")
+    else:
+        report.ok(f"guided decoding {backend}: grammars checked with {compiler}")
 
 
 def _check_engine(settings: Settings, tokenizer: TokenizerInfo | None, report: Report) -> None:

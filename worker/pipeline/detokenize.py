@@ -31,12 +31,15 @@ def _invalid_prefix(exc: Exception) -> bool:
 class IncrementalDetokenizer:
     """One request's decoder. `step` returns the text a token completes ('' if none)."""
 
-    __slots__ = ("_pending", "_recent", "_stream", "_tokenizer")
+    __slots__ = ("_pending", "_recent", "_skip", "_stream", "_tokenizer")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
         context = self._whole_characters(prompt_ids[-PRIME_TOKENS:])
-        self._stream = DecodeStream(ids=context, skip_special_tokens=False)
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
         self._recent: deque[int] = deque(context[-_FLUSH_CONTEXT:], maxlen=_FLUSH_CONTEXT)
         self._pending: list[int] = []
 
@@ -47,13 +50,16 @@ class IncrementalDetokenizer:
         for _ in range(_MAX_CHAR_TOKENS):
             if not context:
                 break
-            if not self._tokenizer.decode(context, skip_special_tokens=False).endswith("\ufffd"):
+            if not self._decode(context).endswith("\ufffd"):
                 return context
             context.pop()
         return [] if not context or self._ends_unfinished(context) else context
 
     def _ends_unfinished(self, ids: Sequence[int]) -> bool:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=False).endswith("\ufffd")
+        return self._decode(ids).endswith("\ufffd")
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip)
 
     def step(self, token_id: int) -> str:
         try:
@@ -84,7 +90,7 @@ class IncrementalDetokenizer:
         ids = [*self._pending, token_id]
         self._pending = []
         for context in (self._whole_characters(self._recent), []):
-            stream = DecodeStream(ids=context, skip_special_tokens=False)
+            stream = DecodeStream(ids=context, skip_special_tokens=self._skip)
             try:
                 texts = [stream.step(self._tokenizer, i) for i in ids]
             except Exception as exc:
@@ -94,9 +100,9 @@ class IncrementalDetokenizer:
             self._stream = stream
             return "".join(self._account(i, text) for i, text in zip(ids, texts, strict=True))
         log.warning("decoder restart failed twice; decoding %d ids in one piece", len(ids))
-        self._stream = DecodeStream(ids=[], skip_special_tokens=False)
+        self._stream = DecodeStream(ids=[], skip_special_tokens=self._skip)
         self._recent.extend(ids)
-        return self._tokenizer.decode(ids, skip_special_tokens=False)
+        return self._decode(ids)
 
     def flush(self) -> str:
         """At finish: the text of trailing ids that never formed a whole character,
@@ -105,11 +111,11 @@ class IncrementalDetokenizer:
             return ""
         pending, self._pending = self._pending, []
         context = self._whole_characters(self._recent)
-        base = self._tokenizer.decode(context, skip_special_tokens=False)
-        full = self._tokenizer.decode([*context, *pending], skip_special_tokens=False)
+        base = self._decode(context)
+        full = self._decode([*context, *pending])
         if full.startswith(base):
             return full[len(base) :]
-        return self._tokenizer.decode(pending, skip_special_tokens=False)
+        return self._decode(pending)
 
 
 class StopGate:

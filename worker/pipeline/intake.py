@@ -4,11 +4,14 @@ prompt token ids and budgets (tokenize, truncate, check the length limits)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.config import Settings
 from worker.contract.errors import InputTooLong, InvalidJob
 from worker.contract.job import Job, JobLimits, parse_job
+from worker.pipeline.chat import render_chat
+from worker.pipeline.grammar import CompiledGrammar, compile_grammar
 from worker.tokenizer import TokenizerInfo
 
 TOKENIZE_IN_THREAD_CHARS = 4096
@@ -21,40 +24,68 @@ class PreparedInput:
     prompt_ids: list[int]
     max_new_tokens: int
     min_new_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    grammar: CompiledGrammar | None = None
 
 
 def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> PreparedInput:
     """Raises `InvalidJob` / `InputTooLong` naming the field at fault."""
     params = job.parameters
+    field = "inputs"
     if job.input_ids is not None:
-        bad = next((i for i in job.input_ids if i >= tokenizer.vocab_size), None)
-        if bad is not None:
-            raise InvalidJob(
-                f"input_ids: id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})",
-                request_id=job.request_id,
-            )
+        field = "input_ids"
+        _check_vocabulary(job.input_ids, tokenizer, field, job.request_id)
         ids = list(job.input_ids)
-    else:
-        assert job.inputs is not None  # the schema guarantees exactly one of the two
-        encoding = tokenizer.tokenizer.encode(
-            job.inputs, add_special_tokens=params.add_special_tokens
+    elif job.messages is not None:
+        field = "messages"
+        template = tokenizer.chat_template
+        if job.tools is not None and tokenizer.tool_chat_template is not None:
+            template = tokenizer.tool_chat_template
+        text = render_chat(
+            template,
+            [message.model_dump(exclude_none=True) for message in job.messages],
+            special_tokens=tokenizer.special_tokens,
+            tools=job.tools,
+            template_kwargs=job.chat_template_kwargs,
+            request_id=job.request_id,
         )
-        ids = encoding.ids
+        # the template wrote the special tokens itself (as transformers does)
+        ids = tokenizer.tokenizer.encode(text, add_special_tokens=False).ids
+    else:
+        assert job.inputs is not None  # the schema guarantees exactly one prompt
+        ids = tokenizer.tokenizer.encode(
+            job.inputs, add_special_tokens=params.add_special_tokens
+        ).ids
     if not ids:
-        raise InvalidJob("inputs: the prompt has no tokens", request_id=job.request_id)
+        raise InvalidJob(f"{field}: the prompt has no tokens", request_id=job.request_id)
     if params.truncate is not None and len(ids) > params.truncate:
         ids = ids[-params.truncate :]
     if len(ids) > settings.max_input_tokens:
-        field = "input_ids" if job.input_ids is not None else "inputs"
         hint = "" if params.truncate is not None else "; set parameters.truncate to keep the end"
         raise InputTooLong(
             f"{field}: {len(ids)} tokens, the limit is {settings.max_input_tokens}{hint}",
             request_id=job.request_id,
         )
+    stop_ids = params.stop_token_ids or []
+    _check_vocabulary(stop_ids, tokenizer, "parameters.stop_token_ids", job.request_id)
+    grammar = None
+    if params.grammar is not None:
+        grammar = compile_grammar(params.grammar, settings.guided_decoding, job.request_id)
     # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the
     # prompt by WORKER_MAX_INPUT_TOKENS, so their sum is within the contract's total.
     max_new = job.max_new_tokens(job_limits(settings))
-    return PreparedInput(ids, max_new, params.min_new_tokens or 0)
+    return PreparedInput(ids, max_new, params.min_new_tokens or 0, frozenset(stop_ids), grammar)
+
+
+def _check_vocabulary(
+    ids: Sequence[int], tokenizer: TokenizerInfo, field: str, request_id: str
+) -> None:
+    bad = next((i for i in ids if i >= tokenizer.vocab_size), None)
+    if bad is not None:
+        raise InvalidJob(
+            f"{field}: id {bad} is outside the vocabulary [0, {tokenizer.vocab_size})",
+            request_id=request_id,
+        )
 
 
 def job_limits(settings: Settings) -> JobLimits:
@@ -76,7 +107,15 @@ class Intake:
         )
 
     async def prepare(self, job: Job) -> PreparedInput:
-        """Tokenize: off the event loop for long prompts."""
-        if job.inputs is not None and len(job.inputs) > TOKENIZE_IN_THREAD_CHARS:
+        """Render and tokenize: off the event loop for long prompts."""
+        if _prompt_chars(job) > TOKENIZE_IN_THREAD_CHARS:
             return await asyncio.to_thread(prepare_input, job, self.tokenizer, self._settings)
         return prepare_input(job, self.tokenizer, self._settings)
+
+
+def _prompt_chars(job: Job) -> int:
+    if job.inputs is not None:
+        return len(job.inputs)
+    if job.messages is not None:
+        return sum(len(m.content) for m in job.messages)
+    return 0

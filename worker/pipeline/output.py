@@ -42,6 +42,7 @@ class RequestState:
         "_gate",
         "abort_cause",
         "done",
+        "end_ids",
         "engine_id",
         "eos_ids",
         "first_token_at",
@@ -51,6 +52,7 @@ class RequestState:
         "next_index",
         "request_id",
         "return_logprobs",
+        "stop_token_ids",
         "texts",
     )
 
@@ -66,6 +68,8 @@ class RequestState:
         stops: Sequence[str] = (),
         min_new_tokens: int = 0,
         eos_ids: frozenset[int] = frozenset(),
+        stop_token_ids: frozenset[int] = frozenset(),
+        skip_special_tokens: bool = True,
         return_logprobs: bool = False,
         metadata_json: str | None = None,
     ) -> None:
@@ -74,9 +78,11 @@ class RequestState:
         self.engine_id = engine_id
         self.input_tokens = input_tokens
         self.eos_ids = eos_ids
+        self.stop_token_ids = stop_token_ids
+        self.end_ids = eos_ids | stop_token_ids
         self.return_logprobs = return_logprobs
         self.metadata_json = metadata_json
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self._gate = StopGate(stops, min_new_tokens)
         self.next_index = 0
         self.texts: list[str] = []
@@ -87,9 +93,9 @@ class RequestState:
     def token_text(self, token_id: int, *, last: bool) -> str:
         """Advance by one token; return the text its entry carries. `last` marks the
         request's final token: then everything still held back is released."""
-        # An EOS token's own text is never published (eos_ids is empty with ignore_eos);
-        # the echo engine can emit one before min_new_tokens, a model cannot.
-        text = "" if token_id in self.eos_ids else self._detok.step(token_id)
+        # The text of an EOS or stop token id is never published (eos_ids is empty with
+        # ignore_eos); the echo engine can emit one before min_new_tokens, a model cannot.
+        text = "" if token_id in self.end_ids else self._detok.step(token_id)
         if last:
             text += self._detok.flush()
         released = self._gate.push(text, self.next_index + 1)

@@ -180,6 +180,8 @@ class JobRunner:
             stops=params.stop or (),
             min_new_tokens=prepared.min_new_tokens,
             eos_ids=frozenset() if params.ignore_eos else tokenizer.eos_ids,
+            stop_token_ids=prepared.stop_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
             return_logprobs=params.return_logprobs,
             metadata_json=None if job.metadata is None else metadata_json(job.metadata),
         )
@@ -201,6 +203,8 @@ class JobRunner:
             return finish
         if stream.token_ids[-1] in state.eos_ids:
             return FinishReason.EOS_TOKEN
+        if stream.token_ids[-1] in state.stop_token_ids:
+            return FinishReason.STOP_SEQUENCE
         if len(stream.token_ids) >= prepared.max_new_tokens:
             return FinishReason.LENGTH
         return None
@@ -238,6 +242,7 @@ class JobRunner:
             min_new_tokens=max(prepared.min_new_tokens - resumed, 0),
             end_id=self._intake.tokenizer.end_id,
             eos_ids=state.eos_ids,
+            stop_token_ids=prepared.stop_token_ids,
             ignore_eos=params.ignore_eos,
             sampling=Sampling(
                 do_sample=params.do_sample,
@@ -250,6 +255,7 @@ class JobRunner:
                 seed=params.seed,
             ),
             return_logprobs=params.return_logprobs,
+            guide=prepared.grammar,
             resumed_tokens=resumed,
             deadline=None if job.deadline is None else job.deadline.timestamp(),
         )
