@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests.real_tokenizers import sentencepiece_folder, tekken_folder
 from tests.services import ServiceUrls, service_urls
 from worker.config import Settings
 from worker.tokenizer import builtin_byte_tokenizer
@@ -126,3 +127,15 @@ def tokenizer_dir(tmp_path: Path, bpe_tokenizer: Tokenizer) -> Path:
     bpe_tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral 7B's SentencePiece tokenizer (from mistral-common) as a model folder."""
+    return sentencepiece_folder(tmp_path_factory.mktemp("real"))
+
+
+@pytest.fixture(scope="session")
+def tekken_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral NeMo's Tekken tokenizer (from mistral-common) as a model folder."""
+    return tekken_folder(tmp_path_factory.mktemp("real"))
