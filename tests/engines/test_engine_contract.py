@@ -143,3 +143,19 @@ def test_stats_report_the_engine(make_engine: EngineFactory) -> None:
     stats = engine.stats()
     assert stats.active_requests is not None
     assert stats.active_requests >= 0
+
+
+def test_a_stop_token_id_ends_the_request_with_stop_sequence(make_engine: EngineFactory) -> None:
+    stopping = request(
+        1, [5, 6, 7], 50, end_id=EOS, eos_ids=frozenset({EOS}), stop_token_ids=frozenset({6})
+    )
+    outputs = drive(make_engine(), [stopping])[1]
+    assert tokens_of(outputs) == [5, 6]  # the stop token is the last one
+    assert outputs[-1].finish is FinishReason.STOP_SEQUENCE
+
+
+def test_ignore_eos_keeps_the_jobs_stop_token_ids(make_engine: EngineFactory) -> None:
+    job = request(1, [5, EOS, 7], 50, end_id=EOS, ignore_eos=True, stop_token_ids=frozenset({7}))
+    outputs = drive(make_engine(), [job])[1]
+    assert tokens_of(outputs) == [5, EOS, 7]
+    assert outputs[-1].finish is FinishReason.STOP_SEQUENCE

@@ -21,7 +21,7 @@ from tests.engines.conftest import create_trtllm, drive, trtllm_settings
 from worker.config import Settings
 from worker.contract.errors import ConfigError
 from worker.engine import engine_factory
-from worker.engine.base import Engine, EngineRequest, Sampling
+from worker.engine.base import Engine, EngineRequest, Guide, Sampling
 from worker.tokenizer import load_tokenizer
 
 FULL = Sampling(
@@ -89,10 +89,11 @@ def test_llm_api_greedy_random_seed_and_ignore_eos(gpu: FakeGpu, tmp_path: Path)
                 full_request(2, sampling=Sampling(), ignore_eos=True, eos_ids=frozenset()),
             ],
         )
-    first, second = sorted(gpu.sampling_params[-2:], key=lambda p: p.ignore_eos)
+    first, second = sorted(gpu.sampling_params[-2:], key=lambda p: -(p.end_id or 0))
     assert (first.top_k, first.top_p, first.temperature) == (1, None, None)
     assert first.logprobs is None
-    assert second.ignore_eos is True
+    # ignore_eos is what 1.2's ignore_eos does to the request: end_id -1 (base_worker.py)
+    assert (second.end_id, second.ignore_eos) == (-1, False)
     assert second.stop_token_ids is None
     assert first.seed is not None
     assert second.seed is not None
@@ -235,3 +236,82 @@ def test_choosing_tensorrt_llm_where_it_is_absent_says_what_to_install(
     assert "tensorrt_llm" in message
     assert "trtllm" in message
     assert "\n" not in message
+
+
+# -- stop token ids and guided decoding ------------------------------------------------------
+
+JSON_GUIDE = Guide("json", '{"type":"object"}')
+
+
+def test_llm_api_end_id_and_stop_token_ids(gpu: FakeGpu, tmp_path: Path) -> None:
+    """The tokenizer's EOS is the end id; the model's other EOS ids and the job's stop ids
+    are `stop_token_ids`, and stay so with ignore_eos (end id -1 then)."""
+    with running(trtllm_settings(tmp_path, "trtllm")) as engine:
+        drive(engine, [full_request(1, stop_token_ids=frozenset({5, 9}))])
+        drive(
+            engine,
+            [full_request(2, ignore_eos=True, eos_ids=frozenset(), stop_token_ids=frozenset({5}))],
+        )
+    kept, ignoring = gpu.sampling_params[-2:]
+    assert (kept.end_id, kept.stop_token_ids) == (2, [9, 5])
+    assert (ignoring.end_id, ignoring.stop_token_ids) == (-1, [5])
+
+
+def test_llm_api_guided_decoding(gpu: FakeGpu, tmp_path: Path) -> None:
+    with running(trtllm_settings(tmp_path, "trtllm")) as engine:
+        drive(
+            engine,
+            [full_request(1, guide=JSON_GUIDE), full_request(2, guide=Guide("regex", "[a-z]+"))],
+        )
+    guides = [p.guided_decoding for p in gpu.sampling_params[-2:]]
+    pairs = sorted((g.json or "", g.regex or "") for g in guides if g is not None)
+    assert pairs == [("", "[a-z]+"), ('{"type":"object"}', "")]
+    assert gpu.llm_kwargs[-1]["guided_decoding_backend"] == "xgrammar"
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "none"])
+def test_llm_api_guided_decoding_backend_setting(
+    gpu: FakeGpu, tmp_path: Path, backend: str
+) -> None:
+    with running(trtllm_settings(tmp_path, "trtllm", guided_decoding=backend)):
+        pass
+    kwargs = gpu.llm_kwargs[-1]
+    assert kwargs.get("guided_decoding_backend") == (None if backend == "none" else backend)
+
+
+def test_executor_stop_words_and_guided_decoding(gpu: FakeGpu, tmp_path: Path) -> None:
+    with running(trtllm_settings(tmp_path, "trtllm-executor")) as engine:
+        drive(engine, [full_request(1, stop_token_ids=frozenset({5}), guide=JSON_GUIDE)])
+        drive(
+            engine,
+            [full_request(2, ignore_eos=True, eos_ids=frozenset(), stop_token_ids=frozenset({5}))],
+        )
+    guided, ignoring = gpu.requests[-2:]
+    assert guided.stop_words == [[9], [5]]
+    params = guided.guided_decoding_params
+    assert params.guide_type.name == "JSON_SCHEMA"  # (the double is reloaded per test)
+    assert params.guide == '{"type":"object"}'
+    assert (ignoring.end_id, ignoring.stop_words) == (-1, [[5]])
+    config = gpu.executor_configs[-1].guided_decoding_config
+    assert config.backend.name == "XGRAMMAR"
+    vocab = load_tokenizer(None, None).tokenizer
+    assert len(config.encoded_vocab) == vocab.get_vocab_size(with_added_tokens=True)
+    assert config.encoded_vocab[97] == "a"  # tokens in id order
+    assert json.loads(config.tokenizer_str)["model"]["type"] == "BPE"
+
+
+def test_executor_refuses_llguidance_at_start(gpu: FakeGpu, tmp_path: Path) -> None:
+    settings = trtllm_settings(tmp_path, "trtllm-executor", guided_decoding="llguidance")
+    with pytest.raises(ConfigError, match=r"WORKER_GUIDED_DECODING.*trtllm-executor"):
+        create_trtllm(settings)
+
+
+def test_executor_without_guided_decoding_fails_a_guided_request(
+    gpu: FakeGpu, tmp_path: Path
+) -> None:
+    """What the real Executor does (executorImpl.cpp): an error response, not a silent
+    unconstrained output; the worker then ends the job with `engine_error`."""
+    with running(trtllm_settings(tmp_path, "trtllm-executor", guided_decoding="none")) as engine:
+        outputs = drive(engine, [full_request(1, guide=JSON_GUIDE)])[1]
+    assert outputs[-1].error is not None
+    assert "GuidedDecoder is not setup" in outputs[-1].error

@@ -19,6 +19,7 @@ __all__ = [
     "FinishReason",
     "Guide",
     "Sampling",
+    "stop_ids",
 ]
 
 
@@ -72,6 +73,14 @@ class EngineRequest:
     deadline: float | None = None
     """Wall-clock time (`time.time()`) after which the engine may stop the request with
     `FinishReason.DEADLINE`; the worker also aborts it then."""
+
+
+def stop_ids(request: EngineRequest) -> list[int]:
+    """The ids that end a request besides its end id, for engines that take them as one
+    list: the model's other EOS ids (none with `ignore_eos`), then the job's own
+    `stop_token_ids`."""
+    eos = sorted(request.eos_ids - {request.end_id})
+    return eos + sorted(request.stop_token_ids - set(eos) - {request.end_id})
 
 
 @dataclass(slots=True)

@@ -22,16 +22,17 @@ from typing import Any
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.llmapi import KvCacheConfig, RequestOutput
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 from worker.config import Settings
 from worker.contract.errors import ConfigError
-from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason, stop_ids
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = {
-    "stop": FinishReason.EOS_TOKEN,  # end_id or one of our stop_token_ids (all EOS ids)
+    "stop": FinishReason.EOS_TOKEN,  # end_id, an EOS stop id, or (see _finish) a job's stop id
     "length": FinishReason.LENGTH,
     "timeout": FinishReason.DEADLINE,
     "cancelled": FinishReason.CANCELLED,
@@ -53,6 +54,9 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
     }
     if settings.max_num_tokens is not None:
         kwargs["max_num_tokens"] = settings.max_num_tokens
+    if settings.guided_decoding != "none":
+        # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
+        kwargs["guided_decoding_backend"] = settings.guided_decoding
     kwargs.update(read_extra_options(settings.llm_extra_options))
     log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
     llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
@@ -79,18 +83,30 @@ def read_extra_options(path: Path | None) -> dict[str, Any]:
     return data
 
 
+def guided_decoding(request: EngineRequest) -> GuidedDecodingParams | None:
+    if request.guide is None:
+        return None
+    if request.guide.kind == "json":
+        return GuidedDecodingParams(json=request.guide.text)
+    return GuidedDecodingParams(regex=request.guide.text)
+
+
 def sampling_params(request: EngineRequest) -> SamplingParams:
-    """The job's parameters in the LLM API's names (`tensorrt-llm.md` §5)."""
+    """The job's parameters in the LLM API's names (`tensorrt-llm.md` §5).
+
+    `ignore_eos` is given as `end_id=-1` rather than `ignore_eos=True`: that is all 1.2's
+    `ignore_eos` does to the request (`executor/base_worker.py`), while later releases
+    also drop every stop word with it, which would lose the job's `stop_token_ids`."""
     sampling = request.sampling
     greedy = sampling.do_sample is False
-    extra_eos = sorted(request.eos_ids - {request.end_id})
+    stops = stop_ids(request)
     return SamplingParams(
         max_tokens=request.max_new_tokens,
         min_tokens=request.min_new_tokens or None,
-        end_id=request.end_id,
+        end_id=-1 if request.ignore_eos else request.end_id,
         pad_id=max(request.end_id, 0),
-        ignore_eos=request.ignore_eos,
-        stop_token_ids=extra_eos or None,
+        stop_token_ids=stops or None,
+        guided_decoding=guided_decoding(request),
         top_k=1 if greedy else sampling.top_k,
         top_p=None if greedy else sampling.top_p,
         temperature=None if greedy else sampling.temperature,
@@ -246,14 +262,25 @@ class LlmApiEngine:
 def _finish(
     request: EngineRequest, reason: str | None, stop_reason: object, tokens: list[int]
 ) -> FinishReason | None:
-    """Map the finish reason. The end id is in `token_ids`, but a stop token id (our other
-    EOS ids) is trimmed from them and given as `stop_reason`: put it back, so every EOS
-    finish ends with its EOS token, as the contract shows it."""
+    """Map the finish reason. The end id is in `token_ids`, but a stop token id is
+    trimmed from them and given as `stop_reason` (`executor/result.py`): put it back, so
+    the stream ends with the token that ended it, as the contract shows it. A job's own
+    stop id ends it with `stop_sequence`."""
     finish = FINISH_REASONS.get(reason or "")
-    if finish is FinishReason.EOS_TOKEN and (not tokens or tokens[-1] not in request.eos_ids):
-        eos = stop_reason if isinstance(stop_reason, int) else request.end_id
-        if eos >= 0:
-            tokens.append(eos)
+    if finish is not FinishReason.EOS_TOKEN:
+        return finish
+    if isinstance(stop_reason, int):  # a stop id, trimmed from token_ids
+        ended_by = stop_reason
+        if not tokens or tokens[-1] != ended_by:
+            tokens.append(ended_by)
+    elif tokens and tokens[-1] in request.eos_ids | request.stop_token_ids:
+        ended_by = tokens[-1]  # the end id, kept in token_ids
+    else:
+        ended_by = request.end_id
+        if ended_by >= 0:
+            tokens.append(ended_by)
+    if ended_by in request.stop_token_ids - request.eos_ids:
+        return FinishReason.STOP_SEQUENCE
     return finish
 
 

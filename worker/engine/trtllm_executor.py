@@ -21,14 +21,14 @@ import tensorrt_llm.bindings.executor as tle
 
 from worker.config import Settings
 from worker.contract.errors import ConfigError
-from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason, stop_ids
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = {
     tle.FinishReason.END_ID: FinishReason.EOS_TOKEN,
-    tle.FinishReason.STOP_WORDS: FinishReason.EOS_TOKEN,  # our only stop words are EOS ids
+    tle.FinishReason.STOP_WORDS: FinishReason.EOS_TOKEN,  # an EOS stop id, or a job's (below)
     tle.FinishReason.LENGTH: FinishReason.LENGTH,
     tle.FinishReason.TIMED_OUT: FinishReason.DEADLINE,
     tle.FinishReason.CANCELLED: FinishReason.CANCELLED,
@@ -80,6 +80,37 @@ def executor_config(settings: Settings, world_size: int) -> tle.ExecutorConfig:
     return config
 
 
+def guided_decoding_params(request: EngineRequest) -> tle.GuidedDecodingParams | None:
+    if request.guide is None:
+        return None
+    kinds = tle.GuidedDecodingParams.GuideType
+    kind = kinds.JSON_SCHEMA if request.guide.kind == "json" else kinds.REGEX
+    return tle.GuidedDecodingParams(kind, request.guide.text)
+
+
+def guided_decoding_config(
+    settings: Settings, tokenizer: TokenizerInfo
+) -> tle.GuidedDecodingConfig | None:
+    """The engine's grammar backend, with the vocabulary it compiles grammars for, as
+    the LLM API's TensorRT backend builds it (`_xgrammar_tokenizer_info`): the tokens in
+    id order, the `tokenizer.json` text and the EOS ids. The C++ Executor has xgrammar
+    only (llguidance is the PyTorch backend's)."""
+    if settings.guided_decoding == "none":
+        return None
+    if settings.guided_decoding != "xgrammar":
+        raise ConfigError(
+            f"invalid setting WORKER_GUIDED_DECODING: {settings.guided_decoding!r} is not "
+            "available with WORKER_ENGINE=trtllm-executor (xgrammar or none)"
+        )
+    vocab = tokenizer.tokenizer.get_vocab(with_added_tokens=True)
+    return tle.GuidedDecodingConfig(
+        tle.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,
+        encoded_vocab=[token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
+        tokenizer_str=tokenizer.tokenizer.to_str(),
+        stop_token_ids=sorted(tokenizer.eos_ids) or None,
+    )
+
+
 def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
     assert settings.engine_dir is not None  # the settings validator requires it
     world_size = engine_world_size(settings.engine_dir)
@@ -91,9 +122,9 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
         "s" * (world_size > 1),
         "orchestrator" if world_size > 1 else "leader",
     )
-    executor = tle.Executor(
-        settings.engine_dir, tle.ModelType.DECODER_ONLY, executor_config(settings, world_size)
-    )
+    config = executor_config(settings, world_size)
+    config.guided_decoding_config = guided_decoding_config(settings, tokenizer)
+    executor = tle.Executor(settings.engine_dir, tle.ModelType.DECODER_ONLY, config)
     return ExecutorEngine(executor, capacity=settings.max_batch)
 
 
@@ -101,7 +132,7 @@ def make_request(request: EngineRequest) -> tle.Request:
     """The job's parameters in the Executor's names (`tensorrt-llm.md` §5)."""
     sampling = request.sampling
     greedy = sampling.do_sample is False
-    extra_eos = sorted(request.eos_ids - {request.end_id})
+    stops = stop_ids(request)
     allotted = None
     if request.deadline is not None:
         allotted = timedelta(seconds=max(request.deadline - time.time(), 0.001))
@@ -124,7 +155,8 @@ def make_request(request: EngineRequest) -> tle.Request:
         output_config=tle.OutputConfig(return_log_probs=request.return_logprobs),
         end_id=-1 if request.ignore_eos else request.end_id,
         pad_id=max(request.end_id, 0),
-        stop_words=None if request.ignore_eos or not extra_eos else [[i] for i in extra_eos],
+        stop_words=[[i] for i in stops] or None,
+        guided_decoding_params=guided_decoding_params(request),
         client_id=request.id,
         allotted_time_ms=allotted,
     )
@@ -191,8 +223,14 @@ class ExecutorEngine:
         finish = FINISH_REASONS.get(reason) if reason is not None else None
         if finish is None:
             return EngineOutput(request.id, tokens, logprobs, error=f"finished with {reason}")
-        if finish is FinishReason.EOS_TOKEN and (not tokens or tokens[-1] not in request.eos_ids):
+        if reason == tle.FinishReason.END_ID and (not tokens or tokens[-1] != request.end_id):
             tokens.append(request.end_id)  # the end id is not in the output (TensorRT-LLM #2190)
+        elif (
+            reason == tle.FinishReason.STOP_WORDS
+            and tokens
+            and tokens[-1] in request.stop_token_ids - request.eos_ids
+        ):
+            finish = FinishReason.STOP_SEQUENCE  # a stop word stays in the output
         return EngineOutput(request.id, tokens, logprobs, finish)
 
     def _forget(self, executor_id: int, request: EngineRequest) -> None:

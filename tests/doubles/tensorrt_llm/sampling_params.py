@@ -7,6 +7,27 @@ from typing import Any
 
 
 @dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    """One guide per request (sampling_params.py @ b35ac1b6): a JSON Schema (str, dict or
+    pydantic model), a regex, an EBNF grammar, any JSON object, or a structural tag."""
+
+    json: str | Any | dict[str, Any] | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+    def _validate(self) -> None:
+        count = sum(
+            1
+            for v in (self.json, self.regex, self.grammar, self.json_object, self.structural_tag)
+            if v
+        )
+        if count > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {count}.")
+
+
+@dataclass(slots=True, kw_only=True)
 class SamplingParams:
     """LLM API sampling parameters.  None means "C++ runtime default" for the sampling fields
     (top_k 0 = all logits, top_p 0, temperature 1.0, min_tokens 1, seed 0)."""
@@ -60,7 +81,7 @@ class SamplingParams:
     additional_model_outputs: list[str] | None = None
 
     lookahead_config: Any | None = None
-    guided_decoding: Any | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     ignore_eos: bool = False
     detokenize: bool = True
@@ -90,6 +111,8 @@ class SamplingParams:
                 "Greedy decoding in the LLM API does not allow multiple returns. "
                 f"Please set to best_of=1, got best_of={self.best_of}."
             )
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(
                 f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"

@@ -201,6 +201,29 @@ _DEFAULT_SCHEDULER = SchedulerConfig()
 _DEFAULT_KV_CACHE = KvCacheConfig()
 
 
+# mirrors cpp/tensorrt_llm/nanobind/executor/executorConfig.cpp (GuidedDecodingConfig, its
+# enum nested in the class; the LLM API's TensorRT backend builds it in llmapi/llm.py as
+# GuidedDecodingConfig(backend=GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, ...))
+class GuidedDecodingConfig:
+    class GuidedDecodingBackend(enum.Enum):
+        XGRAMMAR = 0
+        LLGUIDANCE = 1
+
+    def __init__(
+        self,
+        backend: GuidedDecodingConfig.GuidedDecodingBackend,
+        encoded_vocab: Sequence[str] | None = None,
+        tokenizer_str: str | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        if not isinstance(backend, GuidedDecodingConfig.GuidedDecodingBackend):
+            raise TypeError("incompatible function arguments")
+        self.backend = backend
+        self.encoded_vocab = None if encoded_vocab is None else list(encoded_vocab)
+        self.tokenizer_str = tokenizer_str
+        self.stop_token_ids = None if stop_token_ids is None else list(stop_token_ids)
+
+
 # mirrors executorConfig.cpp (ExecutorConfig): every argument positional-or-keyword
 class ExecutorConfig:
     def __init__(
@@ -252,6 +275,7 @@ class ExecutorConfig:
         self.max_queue_size = max_queue_size
         self.recv_poll_period_ms = recv_poll_period_ms
         self.gather_generation_logits = gather_generation_logits
+        self.guided_decoding_config = guided_decoding_config
 
 
 # mirrors cpp/tensorrt_llm/nanobind/executor/request.cpp + executor/samplingConfig.cpp checks
@@ -423,6 +447,26 @@ class Result:
         self.context_phase_params: Any | None = None
         self.request_perf_metrics: Any | None = None
         self.additional_outputs: list[Any] = []
+
+
+# mirrors cpp/tensorrt_llm/nanobind/executor/request.cpp (GuidedDecodingParams(guide_type,
+# guide=None), GuideType nested in it); TensorRT-LLM's own callers write
+# GuidedDecodingParams(GuidedDecodingParams.GuideType.JSON_SCHEMA, schema_json)
+class GuidedDecodingParams:
+    class GuideType(enum.Enum):
+        JSON = 0
+        JSON_SCHEMA = 1
+        REGEX = 2
+        EBNF_GRAMMAR = 3
+        STRUCTURAL_TAG = 4
+
+    def __init__(
+        self, guide_type: GuidedDecodingParams.GuideType, guide: str | None = None
+    ) -> None:
+        if not isinstance(guide_type, GuidedDecodingParams.GuideType):
+            raise TypeError("incompatible function arguments")
+        self.guide_type = guide_type
+        self.guide = guide
 
 
 # mirrors request.cpp (Response) + cpp/tensorrt_llm/executor/responseImpl.h
@@ -619,6 +663,20 @@ class Executor:
             self._gpu.requests.append(request)
             with self._cv:
                 rid, self._next_id = self._next_id, self._next_id + 1
+            if request.guided_decoding_params is not None and (
+                self._config.guided_decoding_config is None
+            ):
+                # executorImpl.cpp (fetchNewRequests, 1.2.0rc2 b35ac1b6): the check fails
+                # and is caught into an error response for that request
+                self._fail(
+                    rid,
+                    request,
+                    "Encountered an error when fetching new request: Request is specified "
+                    "with GuidedDecodingParams, but GuidedDecoder is not setup. Please "
+                    "provide a valid GuidedDecodingConfig to setup GuidedDecoder.",
+                )
+                ids.append(rid)
+                continue
             allotted = request.allotted_time_ms
             min_tokens = request.sampling_config.min_tokens
             job = Job(
@@ -734,6 +792,11 @@ class Executor:
             with self._cv:
                 self._stats.append(IterationStats._from(stats))
                 del self._stats[: -self._config.iter_stats_max_iterations]
+
+    def _fail(self, rid: int, request: Request, message: str) -> None:
+        with self._cv:
+            self._responses.setdefault(rid, []).append(Response(rid, message, request.client_id))
+            self._cv.notify_all()
 
     def _on_step(self, rid: int, step: Step) -> None:
         tracked = self._tracked[rid]

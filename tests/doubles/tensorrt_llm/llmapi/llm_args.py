@@ -2,7 +2,7 @@
 # TorchLlmArgs the worker passes.  Both are pydantic models that forbid unknown fields.
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,4 +55,7 @@ class TorchLlmArgs(BaseModel):
     print_iter_log: bool = False
     return_perf_metrics: bool = False
     stream_interval: int = 1
+    # BaseLlmArgs (llm_args.py): "llguidance is supported in PyTorch backend only"; None
+    # builds no guided decoder, and a request's guided_decoding is then ignored
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     num_postprocess_workers: int = 0
