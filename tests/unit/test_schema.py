@@ -235,6 +235,90 @@ def test_exactly_one_prompt(fields: dict[str, object]) -> None:
     assert error.request_id == REQUEST_ID
 
 
+# --- chat ----------------------------------------------------------------------------------
+
+USER = {"role": "user", "content": "Hi"}
+
+
+def chat_body(**fields: object) -> bytes:
+    return make_body(inputs=DROP, **fields)
+
+
+def test_messages_valid() -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        USER,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "call_1", "name": "f"},
+    ]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    job = parse(chat_body(messages=messages, tools=tools, chat_template_kwargs={"x": True}))
+    assert job.messages is not None
+    assert [m.role for m in job.messages] == ["system", "user", "assistant", "tool"]
+    assert job.tools == tools
+    assert job.chat_template_kwargs == {"x": True}
+
+
+def test_256_messages_are_accepted() -> None:
+    assert len(parse(chat_body(messages=[USER] * 256)).messages or []) == 256
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        pytest.param({"messages": []}, "messages", id="empty-list"),
+        pytest.param({"messages": [USER] * 257}, "messages", id="257-messages"),
+        pytest.param({"messages": "Hi"}, "messages", id="not-a-list"),
+        pytest.param({"messages": ["Hi"]}, "messages.0", id="message-not-object"),
+        pytest.param({"messages": [{"role": "user"}]}, "messages.0.content", id="no-content"),
+        pytest.param({"messages": [{"content": "x"}]}, "messages.0.role", id="no-role"),
+        pytest.param(
+            {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", id="content-int"
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages.0.content",
+            id="content-list",
+        ),
+        pytest.param(
+            {"messages": [{"role": "user", "content": "x", "mood": "happy"}]},
+            "messages.0.mood",
+            id="unknown-key",
+        ),
+        pytest.param(
+            {"messages": [{"role": "", "content": "x"}]}, "messages.0.role", id="role-empty"
+        ),
+        pytest.param({"messages": [USER], "tools": {"name": "f"}}, "tools", id="tools-object"),
+        pytest.param({"messages": [USER], "tools": ["f"]}, "tools.0", id="tools-of-strings"),
+        pytest.param(
+            {"messages": [USER], "chat_template_kwargs": [1]},
+            "chat_template_kwargs",
+            id="kwargs-list",
+        ),
+    ],
+)
+def test_messages_invalid(fields: dict[str, object], named: str) -> None:
+    error = rejected(chat_body(**fields))
+    assert named in error.message
+    assert error.request_id == REQUEST_ID
+
+
+@pytest.mark.parametrize("name", ["tools", "chat_template_kwargs"])
+def test_chat_fields_only_with_messages(name: str) -> None:
+    value: object = [{"type": "function"}] if name == "tools" else {"x": 1}
+    error = rejected(make_body(**{name: value}))
+    assert f"{name}: only with messages" in error.message
+
+
+def test_messages_are_one_of_the_prompts() -> None:
+    error = rejected(make_body(messages=[USER]))
+    assert "exactly one of them" in error.message
+
+
 # --- parameters -----------------------------------------------------------------------------
 
 
@@ -391,6 +475,20 @@ INVALID_PARAMETERS: list[Any] = [
     pytest.param("stop", {"a": "b"}, id="stop-object"),
     pytest.param("temperature", [1.0], id="temperature-list"),
     pytest.param("top_k", {"k": 1}, id="top_k-object"),
+    pytest.param("skip_special_tokens", "no", id="skip_special_tokens-string"),
+    pytest.param("stop_token_ids", [-1], id="stop_token_ids-negative"),
+    pytest.param("stop_token_ids", list(range(17)), id="stop_token_ids-17"),
+    pytest.param("stop_token_ids", 2, id="stop_token_ids-scalar"),
+    pytest.param("stop_token_ids", ["2"], id="stop_token_ids-string"),
+    pytest.param("grammar", {"type": "ebnf", "value": "x"}, id="grammar-unknown-type"),
+    pytest.param("grammar", {"type": "json", "value": "{}"}, id="grammar-json-not-object"),
+    pytest.param("grammar", {"type": "regex", "value": ""}, id="grammar-regex-empty"),
+    pytest.param("grammar", {"type": "regex"}, id="grammar-no-value"),
+    pytest.param("grammar", {"value": "a+"}, id="grammar-no-type"),
+    pytest.param("grammar", "a+", id="grammar-string"),
+    pytest.param(
+        "grammar", {"type": "regex", "value": "a", "strict": True}, id="grammar-unknown-key"
+    ),
 ]
 
 
