@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
 from tests.services import ServiceUrls
+from worker.tokenizer import load_tokenizer
 
 UNREACHABLE_AMQP = "amqp://guest:s3cret-pw@127.0.0.1:1/"
 UNREACHABLE_REDIS = "redis://:s3cret-pw@127.0.0.1:1/0"
@@ -219,7 +220,7 @@ async def test_errors_are_one_line_and_an_exit_code(
 
 
 async def test_usage_errors_exit_2(cli: Cli) -> None:
-    result = await cli.run("submit")
+    result = await cli.run("tail")  # no request id
     assert result.code == 2
     assert "usage:" in result.stderr
     no_traceback(result)
@@ -335,3 +336,67 @@ async def test_check_reports_a_queue_of_another_type(run_worker: WorkerFactory, 
     assert len(found) == 2, result.stdout
     assert all("WORKER_QUEUE_TYPE" in line for line in found)
     assert found[0].startswith(f"problem queue '{cli.env['WORKER_QUEUE']}' exists with other")
+
+
+async def test_submit_a_chat_job_with_stop_ids_and_a_grammar(
+    run_worker: WorkerFactory,
+    cli: Cli,
+    subscriber: Subscriber,
+    sentencepiece_model: Path,
+    tmp_path: Path,
+) -> None:
+    messages = tmp_path / "chat.json"
+    messages.write_text('[{"role": "user", "content": "Say hi"}]')
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}}')
+    chat_id, stop_id, bad_id = rid(), rid(), rid()
+    last = str(load_tokenizer(sentencepiece_model, None).tokenizer.encode("a b c").ids[-1])
+    async with run_worker(tokenizer=sentencepiece_model):
+        chat = await cli.run(
+            "submit", "--messages", str(messages), "--grammar", str(schema),
+            "--request-id", chat_id, "-p", "max_new_tokens=6", "--follow",
+            WORKER_TOKENIZER=str(sentencepiece_model),
+        )  # fmt: skip
+        stop = await cli.run(
+            "submit", "a b c", "--stop-token-id", last, "--regex", "[a-z]+",
+            "--request-id", stop_id, "--follow", WORKER_TOKENIZER=str(sentencepiece_model),
+        )  # fmt: skip
+        bad = await cli.run(
+            "submit", "--messages", str(schema), "--request-id", bad_id,
+            WORKER_TOKENIZER=str(sentencepiece_model),
+        )  # fmt: skip
+    assert chat.code == 0, chat.stderr
+    done = terminal(await subscriber.entries(chat_id))
+    assert chat.stdout == done["generated_text"] + "\n"
+    assert done["generated_text"].startswith("[INST] Say")
+    assert stop.code == 0, stop.stderr
+    stopped = terminal(await subscriber.entries(stop_id))
+    assert stopped["finish_reason"] == "stop_sequence"
+    assert tokens(await subscriber.entries(stop_id))[-1]["token_id"] == last
+    assert bad.code == 2
+    assert "--messages" in bad.stderr
+    assert "list of objects" in bad.stderr
+    no_traceback(bad)
+
+
+async def test_submit_refuses_a_prompt_and_messages_together(cli: Cli, tmp_path: Path) -> None:
+    messages = tmp_path / "chat.json"
+    messages.write_text('[{"role": "user", "content": "hi"}]')
+    both = await cli.run("submit", "hi", "--messages", str(messages))
+    neither = await cli.run("submit")
+    for result in (both, neither):
+        assert result.code == 2
+        assert "either a prompt or --messages" in result.stderr
+        no_traceback(result)
+
+
+async def test_check_reports_the_chat_template_and_guided_decoding(
+    cli: Cli, sentencepiece_model: Path
+) -> None:
+    result = await cli.run("check", WORKER_TOKENIZER=str(sentencepiece_model))
+    lines = result.stdout.splitlines()
+    assert f"ok chat template from {sentencepiece_model / 'tokenizer_config.json'}" in lines
+    assert "ok guided decoding xgrammar: grammars checked with llguidance" in lines
+    plain = await cli.run("check", WORKER_GUIDED_DECODING="none")
+    assert "ok chat template: none (jobs with messages are refused)" in plain.stdout
+    assert "ok guided decoding: none (jobs with a grammar are refused)" in plain.stdout

@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -395,3 +396,19 @@ async def test_deadline_passed_is_an_error_event(run_worker: WorkerFactory, clie
     event = events[0]
     assert isinstance(event, ErrorEvent)
     assert event.code == "deadline_exceeded"
+
+
+async def test_a_chat_job_through_the_sdk(
+    run_worker: WorkerFactory, client: Client, sentencepiece_model: Path
+) -> None:
+    messages = [{"role": "user", "content": "Weather?"}]
+    async with run_worker(tokenizer=sentencepiece_model):
+        done = await client.generate(
+            messages=messages,
+            parameters={"max_new_tokens": 8, "grammar": {"type": "regex", "value": "[A-Z]+"}},
+        )
+    assert done.generated_text.startswith("[INST] Weather")
+    with pytest.raises(InvalidJobError, match="messages.0.content"):
+        await client.submit(messages=[{"role": "user", "content": 3}])
+    with pytest.raises(InvalidJobError, match="tools: only with messages"):
+        await client.submit("hi", tools=[{"type": "function"}])

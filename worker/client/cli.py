@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from worker import __version__
@@ -25,6 +26,7 @@ from worker.ops.log import setup_logging
 
 if TYPE_CHECKING:
     from worker.client import Client, DeadLetter, DoneEvent
+    from worker.client.sdk import JobOptions
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -54,7 +56,37 @@ def build_parser() -> argparse.ArgumentParser:
         "submit",
         help="publish a job and print its request id; with --follow, print its tokens",
     )
-    submit.add_argument("prompt", help="the prompt (the job's inputs); - reads it from stdin")
+    submit.add_argument(
+        "prompt",
+        nargs="?",
+        help="the prompt (the job's inputs); - reads it from stdin; or give --messages",
+    )
+    submit.add_argument(
+        "--messages",
+        metavar="FILE",
+        help="a conversation instead of a prompt: a JSON file of [{role, content}, ...] "
+        "(- reads it from stdin), rendered with the model's chat template",
+    )
+    submit.add_argument(
+        "--tools", metavar="FILE", help="with --messages: a JSON file of tool definitions"
+    )
+    grammar = submit.add_mutually_exclusive_group()
+    grammar.add_argument(
+        "--grammar",
+        metavar="SCHEMA_FILE",
+        help="constrain the output to the JSON Schema in this file (structured output)",
+    )
+    grammar.add_argument(
+        "--regex", metavar="PATTERN", help="constrain the output to this regular expression"
+    )
+    submit.add_argument(
+        "--stop-token-id",
+        dest="stop_token_ids",
+        action="append",
+        type=int,
+        metavar="ID",
+        help="a token id that ends the job (repeatable)",
+    )
     submit.add_argument(
         "--param",
         "-p",
@@ -212,6 +244,60 @@ def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     return params
 
 
+def submit_options(args: argparse.Namespace) -> JobOptions:
+    """The job fields of `submit`'s options (a usage error for what cannot be read)."""
+    if (args.prompt is None) == (args.messages is None):
+        raise UsageError("give either a prompt or --messages")
+    options: JobOptions = {}
+    if args.request_id is not None:
+        options["request_id"] = args.request_id
+    if args.deadline is not None:
+        options["deadline"] = args.deadline
+    metadata = parse_metadata(args.metadata)
+    if metadata is not None:
+        options["metadata"] = metadata
+    if args.messages is not None:
+        options["messages"] = read_json_list(args.messages, "--messages")
+    if args.tools is not None:
+        if args.messages is None:
+            raise UsageError("--tools goes with --messages")
+        options["tools"] = read_json_list(args.tools, "--tools")
+    return options
+
+
+def submit_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    params = parse_params(args.param)
+    if args.grammar is not None:
+        schema = read_json(args.grammar, "--grammar")
+        if not isinstance(schema, dict):
+            raise UsageError("--grammar: the file must hold a JSON Schema object")
+        params["grammar"] = {"type": "json", "value": schema}
+    elif args.regex is not None:
+        params["grammar"] = {"type": "regex", "value": args.regex}
+    if args.stop_token_ids:
+        params["stop_token_ids"] = list(args.stop_token_ids)
+    return params
+
+
+def read_json(source: str, option: str) -> Any:
+    """A JSON document from a file, or from stdin for `-`."""
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{option}: cannot read {source}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{option}: {source} is not JSON ({exc})") from None
+
+
+def read_json_list(source: str, option: str) -> list[dict[str, Any]]:
+    value = read_json(source, option)
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise UsageError(f"{option}: {source} must hold a JSON list of objects")
+    return value
+
+
 def parse_metadata(raw: str | None) -> dict[str, Any] | None:
     if raw is None:
         return None
@@ -246,15 +332,10 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _submit(client: Client, args: argparse.Namespace) -> int:
+    options = submit_options(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     started = time.monotonic()
-    request_id = await client.submit(
-        prompt,
-        parse_params(args.param),
-        request_id=args.request_id,
-        metadata=parse_metadata(args.metadata),
-        deadline=args.deadline,
-    )
+    request_id = await client.submit(prompt, submit_parameters(args), **options)
     if not args.follow:
         print(request_id, flush=True)
         return EXIT_OK

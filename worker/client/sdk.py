@@ -31,7 +31,7 @@ from collections.abc import (
 from collections.abc import Sequence as Seq
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast
 
 import aio_pika
 import aiormq
@@ -183,32 +183,51 @@ def parse_entry(entry_id: str, fields: Mapping[str, str]) -> Event | None:
 # -- the job body ---------------------------------------------------------------------
 
 
+class JobOptions(TypedDict, total=False):
+    """The job's fields besides its prompt string and parameters (all optional)."""
+
+    input_ids: Seq[int]
+    """A pre-tokenized prompt instead of `inputs`."""
+    messages: Seq[Mapping[str, Any]]
+    """A conversation instead of `inputs`: `{"role": ..., "content": ...}` each."""
+    tools: Seq[Mapping[str, Any]]
+    """With `messages`: tool definitions for the chat template."""
+    chat_template_kwargs: Mapping[str, Any]
+    """With `messages`: extra template variables (e.g. `enable_thinking`)."""
+    request_id: str
+    deadline: datetime | str
+    metadata: Mapping[str, Any]
+
+
 def job_body(
     inputs: str | Seq[int] | None = None,
     parameters: Mapping[str, Any] | Parameters | None = None,
-    *,
-    input_ids: Seq[int] | None = None,
-    request_id: str | None = None,
-    deadline: datetime | str | None = None,
-    metadata: Mapping[str, Any] | None = None,
+    **options: Unpack[JobOptions],
 ) -> dict[str, Any]:
     """The job message as the contract defines it (a fresh request id if none is given).
     `inputs` may be a prompt string or a list of token ids (sent as `input_ids`)."""
-    body: dict[str, Any] = {"request_id": request_id or uuid.uuid4().hex}
+    body: dict[str, Any] = {"request_id": options.get("request_id") or uuid.uuid4().hex}
     if isinstance(inputs, str):
         body["inputs"] = inputs
     elif inputs is not None:
         body["input_ids"] = list(inputs)
-    if input_ids is not None:
-        body["input_ids"] = list(input_ids)
+    if "input_ids" in options:
+        body["input_ids"] = list(options["input_ids"])
+    if "messages" in options:
+        body["messages"] = [dict(m) for m in options["messages"]]
+    if "tools" in options:
+        body["tools"] = [dict(t) for t in options["tools"]]
+    if "chat_template_kwargs" in options:
+        body["chat_template_kwargs"] = dict(options["chat_template_kwargs"])
     if isinstance(parameters, Parameters):
         body["parameters"] = parameters.model_dump(exclude_unset=True)
     elif parameters:
         body["parameters"] = dict(parameters)
+    deadline = options.get("deadline")
     if deadline is not None:
         body["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
-    if metadata is not None:
-        body["metadata"] = dict(metadata)
+    if "metadata" in options:
+        body["metadata"] = dict(options["metadata"])
     return body
 
 
@@ -377,23 +396,13 @@ class Client:
         self,
         inputs: str | Seq[int] | None = None,
         parameters: Mapping[str, Any] | Parameters | None = None,
-        *,
-        input_ids: Seq[int] | None = None,
-        request_id: str | None = None,
-        deadline: datetime | str | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        **options: Unpack[JobOptions],
     ) -> str:
         """Validate the job as the worker will (`InvalidJobError`, nothing published),
         publish it persistent with publisher confirms, and return its request id once
-        the broker has it. `inputs` is the prompt, or a list of token ids."""
-        body = job_body(
-            inputs,
-            parameters,
-            input_ids=input_ids,
-            request_id=request_id,
-            deadline=deadline,
-            metadata=metadata,
-        )
+        the broker has it. `inputs` is the prompt, or a list of token ids; or give
+        `messages` (a conversation) instead. The other fields: `JobOptions`."""
+        body = job_body(inputs, parameters, **options)
         encoded = validate_job(body, self.limits)
         request_id = str(body["request_id"])
         message = aio_pika.Message(
@@ -494,22 +503,11 @@ class Client:
         self,
         inputs: str | Seq[int] | None = None,
         parameters: Mapping[str, Any] | Parameters | None = None,
-        *,
-        input_ids: Seq[int] | None = None,
-        request_id: str | None = None,
-        deadline: datetime | str | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        **options: Unpack[JobOptions],
     ) -> DoneEvent:
-        """Submit a job and wait for its result: the `DoneEvent` (its `generated_text`),
-        or `JobFailed` with the error's code and message."""
-        request_id = await self.submit(
-            inputs,
-            parameters,
-            input_ids=input_ids,
-            request_id=request_id,
-            deadline=deadline,
-            metadata=metadata,
-        )
+        """Submit a job (as `submit`) and wait for its result: the `DoneEvent` (its
+        `generated_text`), or `JobFailed` with the error's code and message."""
+        request_id = await self.submit(inputs, parameters, **options)
         return await self.result(request_id)
 
     # -- operating ----------------------------------------------------------------------
