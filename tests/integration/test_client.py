@@ -408,7 +408,7 @@ async def test_a_chat_job_through_the_sdk(
             parameters={"max_new_tokens": 8, "grammar": {"type": "regex", "value": "[A-Z]+"}},
         )
     assert done.generated_text.startswith("[INST] Weather")
-    with pytest.raises(InvalidJobError, match="messages.0.content"):
+    with pytest.raises(InvalidJobError, match=r"messages\.0\.content"):
         await client.submit(messages=[{"role": "user", "content": 3}])
     with pytest.raises(InvalidJobError, match="tools: only with messages"):
         await client.submit("hi", tools=[{"type": "function"}])
