@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     engine_start_timeout_s: Annotated[float, Field(gt=0)] = 1800
     engine_stats_interval_s: Annotated[float, Field(gt=0)] = 5
     engine_stall_timeout_s: Annotated[float, Field(gt=0)] = 300
+    engine_cancel_timeout_s: Annotated[float, Field(gt=0, le=600)] = 5
 
     @field_validator("amqp_url")
     @classmethod

@@ -88,7 +88,7 @@ class Service:
         )
         leases = Leases(store, worker_id=self.worker_id, ttl_s=settings.lease_ttl_s)
         self._pump = pump = OutputPump(settings, store, leases, self.metrics)
-        intake = Intake(settings, tokenizer)
+        intake = Intake(settings, tokenizer, engine.limits)
         runner = JobRunner(settings, intake, store, leases, pump, self.metrics)
         self._runner = runner
         loop = asyncio.get_running_loop()
@@ -124,6 +124,7 @@ class Service:
             store,
             self.metrics,
             on_connection_lost=runner.hand_back_all,
+            prefetch=engine.capacity,
             name=f"trtllm-worker {self.worker_id}",
         )
         await self._consumer.start()

@@ -75,10 +75,18 @@ class Engine:
         gpu: FakeGpu,
         max_batch_size: int,
         on_stats: Callable[[IterStats], None] | None = None,
+        *,
+        silent_queued_cancel: bool = False,
+        max_seq_len: int | None = None,
     ) -> None:
         self.gpu = gpu
         self.max_batch_size = max_batch_size
         self.on_stats = on_stats
+        self.silent_queued_cancel = silent_queued_cancel
+        """A cancel of a request still waiting removes it without any response (the
+        PyTorch executor's behaviour, which the API double chooses)."""
+        self.max_seq_len = max_seq_len
+        """Prompt + generated tokens at which a request stops with `length`."""
         self.closed = False
         self._lock = threading.Lock()
         self._queued: deque[Job] = deque()
@@ -126,8 +134,11 @@ class Engine:
         for job in [*self._active, *self._queued]:
             timed_out = job.deadline is not None and now >= job.deadline
             if job.cancel_requested or timed_out:
-                out.append((job, Step([], "cancelled" if job.cancel_requested else "timed_out")))
+                queued = job in self._queued
                 self._drop(job)
+                if job.cancel_requested and queued and self.silent_queued_cancel:
+                    continue  # gone without a word
+                out.append((job, Step([], "cancelled" if job.cancel_requested else "timed_out")))
         if self._fail_message is not None:
             message = f"Encountered an error in forward function: {self._fail_message}"
             out += [(job, Step([], None, message)) for job in self._active]
@@ -172,6 +183,11 @@ class Engine:
                 return Step(tokens, "end_id")
             if len(job.generated) >= job.max_tokens:
                 return Step(tokens, "length")
+            if (
+                self.max_seq_len is not None
+                and len(job.prompt) + len(job.generated) >= self.max_seq_len
+            ):
+                return Step(tokens, "length")  # clamped silently, reported as length
             if any(w and job.generated[-len(w) :] == w for w in job.stop_words):
                 return Step(tokens, "stop_words")
         return Step(tokens, None)
@@ -221,9 +237,12 @@ class FakeGpu:
         self._kill_listeners: list[Callable[[], None]] = []
 
     def new_engine(
-        self, max_batch_size: int, on_stats: Callable[[IterStats], None] | None = None
+        self,
+        max_batch_size: int,
+        on_stats: Callable[[IterStats], None] | None = None,
+        **behaviour: Any,
     ) -> Engine:
-        engine = Engine(self, max_batch_size, on_stats)
+        engine = Engine(self, max_batch_size, on_stats, **behaviour)
         self.engines.append(engine)
         return engine
 

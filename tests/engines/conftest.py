@@ -46,6 +46,7 @@ def trtllm_settings(tmp_path: Path, engine: str, **overrides: Any) -> Settings:
         "engine_dir": engine_dir,
         "tokenizer": tmp_path / "tokenizer.json",
         "max_batch": 64,
+        "engine_cancel_timeout_s": 0.5,
     }
     values.update(overrides)
     return Settings(_env_file=None, **values)
@@ -62,15 +63,21 @@ def create_trtllm(settings: Settings) -> Engine:
     return trtllm_executor.create(settings, tokenizer)
 
 
-@pytest.fixture(params=["echo", "trtllm", "trtllm-executor"])
+@pytest.fixture(
+    params=["echo", "trtllm", "trtllm-executor", "trtllm:3-per-step", "trtllm-executor:3-per-step"]
+)
 def make_engine(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[EngineFactory]:
-    """`make_engine(capacity=64)` builds the engine under test; shut down afterwards."""
-    kind: str = request.param
+    """`make_engine(capacity=64)` builds the engine under test; shut down afterwards.
+    `:3-per-step`: the double hands over three tokens per request per iteration, as
+    speculative decoding and MTP do."""
+    kind, _, variant = str(request.param).partition(":")
     engines: list[Engine] = []
     if kind != "echo":
-        install_double(monkeypatch).step_s = 0.001
+        gpu = install_double(monkeypatch)
+        gpu.step_s = 0.001
+        gpu.tokens_per_step = 3 if variant else 1
 
     def make(capacity: int = 64) -> Engine:
         engine: Engine

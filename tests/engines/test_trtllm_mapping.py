@@ -102,7 +102,7 @@ def test_llm_api_greedy_random_seed_and_ignore_eos(gpu: FakeGpu, tmp_path: Path)
 
 def test_llm_api_construction_from_settings(gpu: FakeGpu, tmp_path: Path) -> None:
     extra = tmp_path / "extra.json"
-    extra.write_text(json.dumps({"max_batch_size": 32, "enable_chunked_prefill": True}))
+    extra.write_text(json.dumps({"max_batch_size": 64, "enable_chunked_prefill": True}))
     settings = trtllm_settings(
         tmp_path,
         "trtllm",
@@ -123,9 +123,46 @@ def test_llm_api_construction_from_settings(gpu: FakeGpu, tmp_path: Path) -> Non
     assert kwargs["kv_cache_config"].free_gpu_memory_fraction == 0.5
     assert kwargs["kv_cache_config"].enable_block_reuse is False
     assert kwargs["enable_iter_perf_stats"] is True
-    # the extra options file overrides the worker's own arguments
-    assert kwargs["max_batch_size"] == 32
+    # the extra options file adds what the worker does not set (and may repeat it)
+    assert kwargs["max_batch_size"] == 64
     assert kwargs["enable_chunked_prefill"] is True
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "setting"),
+    [
+        ("max_batch_size", 2, "WORKER_MAX_BATCH"),
+        ("tensor_parallel_size", 2, "WORKER_TENSOR_PARALLEL_SIZE"),
+        ("max_num_tokens", 512, "WORKER_MAX_NUM_TOKENS"),
+    ],
+)
+def test_llm_api_extra_option_contradicting_a_setting_is_refused(
+    gpu: FakeGpu, tmp_path: Path, option: str, value: int, setting: str
+) -> None:
+    """An engine batch smaller than WORKER_MAX_BATCH would queue requests the worker
+    counts as running (and a queued abort is silent in 1.2): refused, naming both."""
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({option: value}))
+    settings = trtllm_settings(
+        tmp_path, "trtllm", llm_extra_options=extra, max_num_tokens=4096, max_batch=4
+    )
+    with pytest.raises(ConfigError) as caught:
+        create_trtllm(settings)
+    assert f"WORKER_LLM_EXTRA_OPTIONS: it sets {option}: {value}" in str(caught.value)
+    assert setting in str(caught.value)
+
+
+def test_llm_api_capacity_and_limits_are_the_built_llms(gpu: FakeGpu, tmp_path: Path) -> None:
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"max_seq_len": 1500}))
+    settings = trtllm_settings(tmp_path, "trtllm", llm_extra_options=extra, max_batch=8)
+    engine = create_trtllm(settings)
+    try:
+        assert engine.capacity == 8
+        assert engine.limits.max_seq_len == 1500
+        assert engine.limits.max_num_tokens == 8192  # TorchLlmArgs' default
+    finally:
+        engine.shutdown()
 
 
 def test_llm_api_bad_extra_options_is_one_line(gpu: FakeGpu, tmp_path: Path) -> None:

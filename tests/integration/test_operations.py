@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from worker.config import Settings
-from worker.engine.base import Engine, EngineOutput, EngineStats
+from worker.engine.base import Engine, EngineLimits, EngineOutput, EngineStats
 from worker.engine.echo import EchoEngine
 
 README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
@@ -137,6 +137,10 @@ class FailingEngine:
     @property
     def capacity(self) -> int:
         return self.inner.capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self.inner.limits
 
     def enqueue(self, request: object) -> None:
         self.inner.enqueue(request)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, processors
 from worker.config import ENV_PREFIX, Settings
 from worker.contract.errors import InputTooLong, InvalidJob
 from worker.contract.job import Job, JobLimits, parse_job
+from worker.engine.base import EngineLimits
 from worker.pipeline.intake import PreparedInput, prepare_input
 from worker.tokenizer import TokenizerInfo, builtin_byte_tokenizer, load_tokenizer
 
@@ -262,3 +263,45 @@ def test_total_within_the_contract_bound(byte_info: TokenizerInfo) -> None:
     prepared = prepare(byte_info, settings, inputs="a" * 8, parameters=parameters)
     total = len(prepared.prompt_ids) + prepared.max_new_tokens
     assert total <= settings.max_input_tokens + settings.max_new_tokens
+
+
+# -- the built engine's own limits --------------------------------------------------------
+
+
+def test_prompt_plus_max_new_tokens_over_the_engines_max_seq_len(byte_info: TokenizerInfo) -> None:
+    """TensorRT-LLM would stop at max_seq_len and report `length`: refused instead, with
+    both numbers."""
+    settings = make_settings()
+    job = make_job(settings, inputs="x" * 100, parameters={"max_new_tokens": 60})
+    limits = EngineLimits(max_seq_len=150)
+    with pytest.raises(InputTooLong) as caught:
+        prepare_input(job, byte_info, settings, limits)
+    message = caught.value.message
+    assert message.startswith("inputs: 100 tokens + max_new_tokens 60 = 160")
+    assert "max_seq_len 150" in message
+    fits = make_job(settings, inputs="x" * 90, parameters={"max_new_tokens": 60})
+    assert len(prepare_input(fits, byte_info, settings, limits).prompt_ids) == 90
+
+
+def test_truncate_brings_a_prompt_within_the_engines_limits(byte_info: TokenizerInfo) -> None:
+    settings = make_settings()
+    job = make_job(settings, inputs="x" * 100, parameters={"max_new_tokens": 60, "truncate": 90})
+    prepared = prepare_input(job, byte_info, settings, EngineLimits(max_seq_len=150))
+    assert len(prepared.prompt_ids) == 90
+
+
+def test_prompt_over_the_engines_max_num_tokens(byte_info: TokenizerInfo) -> None:
+    settings = make_settings()
+    job = make_job(settings, input_ids=[1] * 40)
+    with pytest.raises(InputTooLong, match=r"input_ids: 40 tokens.*at most 32 \(max_num_tokens\)"):
+        prepare_input(job, byte_info, settings, EngineLimits(max_num_tokens=32))
+
+
+def test_a_parameter_the_engine_would_ignore_is_refused(byte_info: TokenizerInfo) -> None:
+    settings = make_settings()
+    limits = EngineLimits(ignored_parameters={"seed": "TorchSampler ignores it"})
+    job = make_job(settings, inputs="x", parameters={"seed": 3})
+    with pytest.raises(InvalidJob, match=r"^parameters\.seed: TorchSampler ignores it$"):
+        prepare_input(job, byte_info, settings, limits)
+    unseeded = make_job(settings, inputs="x", parameters={"temperature": 0.5})
+    assert prepare_input(unseeded, byte_info, settings, limits).prompt_ids == [120]

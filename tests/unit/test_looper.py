@@ -13,7 +13,14 @@ from typing import Protocol
 import pytest
 
 import worker.engine.looper
-from worker.engine.base import Engine, EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.engine.base import (
+    Engine,
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+)
 from worker.engine.echo import EchoEngine
 from worker.engine.looper import EngineStalled, Looper
 
@@ -113,6 +120,10 @@ class RecordingEngine:
     @property
     def capacity(self) -> int:
         return self.inner.capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self.inner.limits
 
     def enqueue(self, request: EngineRequest) -> None:
         self._record("enqueue")

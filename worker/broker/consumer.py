@@ -56,6 +56,7 @@ class Consumer:
         metrics: Metrics,
         on_connection_lost: Callable[[str], int],
         name: str = "trtllm-worker",
+        prefetch: int | None = None,
     ) -> None:
         self._settings = settings
         self._intake = intake
@@ -65,6 +66,8 @@ class Consumer:
         self._metrics = metrics
         self._on_lost = on_connection_lost
         self._name = name
+        self._prefetch = prefetch or settings.max_batch
+        """What the engine really schedules at once: the broker hands no more."""
         self._connection: AbstractRobustConnection | None = None
         self._channel: AbstractChannel | None = None
         self._queue: AbstractQueue | None = None
@@ -96,7 +99,7 @@ class Consumer:
         channel = await self._connection.channel(publisher_confirms=True)
         channel.close_callbacks.add(self._connection_lost)
         self._channel = channel
-        await channel.set_qos(prefetch_count=settings.max_batch)
+        await channel.set_qos(prefetch_count=self._prefetch)
         arguments = {"x-queue-type": settings.queue_type}
         try:
             self._queue = await channel.declare_queue(
@@ -120,7 +123,7 @@ class Consumer:
             settings.queue,
             settings.queue_type,
             redact_url(settings.amqp_url),
-            settings.max_batch,
+            self._prefetch,
         )
 
     async def stop_consuming(self) -> None:

@@ -13,6 +13,7 @@ from worker.contract.stream import FinishReason
 
 __all__ = [
     "Engine",
+    "EngineLimits",
     "EngineOutput",
     "EngineRequest",
     "EngineStats",
@@ -111,12 +112,30 @@ class EngineStats:
     kv_cache_max_blocks: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What a built engine really accepts, checked at intake so that a job it would cut
+    short or ignore in part fails there, with `invalid_request` or `input_too_long`."""
+
+    max_seq_len: int | None = None
+    """Prompt plus generated tokens (the engine stops at it, reporting `length`)."""
+    max_num_tokens: int | None = None
+    """The longest prompt the engine takes (None: chunked prefill, or no limit)."""
+    ignored_parameters: dict[str, str] = field(default_factory=dict)
+    """Job parameters the engine's sampler would accept and silently ignore, each with
+    why: a job that sets one is refused."""
+
+
 class Engine(Protocol):
     """What the looper drives. `wait` blocks for at most `timeout` seconds, releasing the
-    GIL, and returns what is ready (possibly nothing)."""
+    GIL, and returns what is ready (possibly nothing). `stats` returns at once (engines
+    that fetch statistics do it elsewhere)."""
 
     @property
     def capacity(self) -> int: ...
+
+    @property
+    def limits(self) -> EngineLimits: ...
 
     def enqueue(self, request: EngineRequest) -> None: ...
 

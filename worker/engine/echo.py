@@ -11,7 +11,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason
+from worker.engine.base import (
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+)
 
 
 @dataclass(slots=True)
@@ -47,6 +53,11 @@ class EchoEngine:
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        """None: the worker's own limits are the only ones."""
+        return EngineLimits()
 
     def enqueue(self, request: EngineRequest) -> None:
         self._waiting.append(request)

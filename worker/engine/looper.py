@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from worker.engine.base import Engine, EngineOutput, EngineRequest, EngineStats
 
@@ -195,11 +195,17 @@ class Looper:
         self._loop.call_soon_threadsafe(self._on_outputs, outputs, self._progress_at)
 
     def _sample_stats(self) -> None:
-        """Engine statistics, read on this thread (the engine's owner) for /metrics."""
+        """Engine statistics for /metrics (`stats` returns at once: an engine that must
+        fetch them does it off this thread). With nothing in flight the engine is idle
+        whatever its last report said: an idle engine reports no iterations at all."""
         try:
-            self.stats = self._engine.stats()
+            stats = self._engine.stats()
         except Exception as exc:  # statistics are optional: never let them stop the engine
             log.warning("reading engine statistics failed: %s", exc)
+            return
+        if not self._in_flight:
+            stats = replace(stats, active_requests=0, queued_requests=0)
+        self.stats = stats
 
     def _shutdown_engine(self) -> None:
         try:

@@ -16,6 +16,7 @@ import logging
 import queue
 import random
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,19 @@ from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 from worker.config import Settings
 from worker.contract.errors import ConfigError
-from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason, stop_ids
+from worker.engine.base import (
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    stop_ids,
+)
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 1.0
 
 FINISH_REASONS = {
     "stop": FinishReason.EOS_TOKEN,  # end_id, an EOS stop id, or (see _finish) a job's stop id
@@ -37,6 +47,29 @@ FINISH_REASONS = {
     "timeout": FinishReason.DEADLINE,
     "cancelled": FinishReason.CANCELLED,
 }
+
+
+CONFLICTS = {
+    "max_batch_size": "max_batch",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "max_seq_len": "max_seq_len",
+    "max_num_tokens": "max_num_tokens",
+}
+"""Extra options that a worker setting also decides: both may not say different things."""
+
+
+def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
+    """An extra option that contradicts a worker setting is refused at start, naming
+    both (an engine batch smaller than WORKER_MAX_BATCH would queue the rest unseen)."""
+    for option, name in CONFLICTS.items():
+        if option not in extra:
+            continue
+        mine = getattr(settings, name)
+        if mine is not None and extra[option] != mine:
+            raise ConfigError(
+                f"invalid setting WORKER_LLM_EXTRA_OPTIONS: it sets {option}: {extra[option]}, "
+                f"but WORKER_{name.upper()} is {mine}; set WORKER_{name.upper()} instead"
+            )
 
 
 def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
@@ -57,10 +90,12 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
     if settings.guided_decoding != "none":
         # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
         kwargs["guided_decoding_backend"] = settings.guided_decoding
-    kwargs.update(read_extra_options(settings.llm_extra_options))
+    extra = read_extra_options(settings.llm_extra_options)
+    check_extra_options(settings, extra)
+    kwargs.update(extra)
     log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
     llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
-    return LlmApiEngine(llm, capacity=settings.max_batch)
+    return LlmApiEngine(llm, cancel_timeout_s=settings.engine_cancel_timeout_s)
 
 
 def read_extra_options(path: Path | None) -> dict[str, Any]:
@@ -129,17 +164,25 @@ class LlmApiEngine:
     for good on a thread of its own: requests are submitted, read and aborted there, and
     finished outputs reach the looper through a thread-safe queue."""
 
-    def __init__(self, llm: LLM, *, capacity: int) -> None:
+    def __init__(self, llm: LLM, *, cancel_timeout_s: float = 5.0) -> None:
         self._llm = llm
-        self._capacity = capacity
+        args = llm.args
+        # what the built LLM really schedules and accepts, after extra options
+        self._capacity = int(args.max_batch_size or 1)
+        self._limits = EngineLimits(
+            max_seq_len=args.max_seq_len,
+            max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
+        )
+        self._cancel_timeout_s = cancel_timeout_s
         self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
         self._results: dict[int, RequestOutput] = {}
-        self._readers: set[asyncio.Task[None]] = set()
+        self._readers: dict[int, asyncio.Task[None]] = {}
         self._stats = EngineStats()
         self._fatal: BaseException | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="trtllm-io", daemon=True)
         self._thread.start()
+        self._stats_task = asyncio.run_coroutine_threadsafe(self._follow_stats(), self._loop)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -148,6 +191,10 @@ class LlmApiEngine:
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
 
     # -- the engine interface (called on the looper thread) ---------------------------
 
@@ -176,10 +223,12 @@ class LlmApiEngine:
         return outputs
 
     def stats(self) -> EngineStats:
-        """The latest iteration statistics (needs `enable_iter_perf_stats`), read on the
-        private loop: the statistics queue binds to a loop as results do."""
-        future = asyncio.run_coroutine_threadsafe(self._latest_stats(), self._loop)
-        return future.result(timeout=5)
+        """The latest iteration statistics (`enable_iter_perf_stats`), kept fresh by a
+        task on the private loop: reading them never blocks the engine thread. An idle
+        engine runs no iterations and reports none, so idle reads as zero requests."""
+        if not self._results:
+            return replace(self._stats, active_requests=0, queued_requests=0)
+        return self._stats
 
     def shutdown(self) -> None:
         if self._loop.is_closed() or not self._thread.is_alive():
@@ -209,13 +258,32 @@ class LlmApiEngine:
             return
         self._results[request.id] = result
         reader = self._loop.create_task(self._read(request, result))
-        self._readers.add(reader)
-        reader.add_done_callback(self._readers.discard)
+        self._readers[request.id] = reader
+        reader.add_done_callback(lambda _: self._readers.pop(request.id, None))
 
     def _abort(self, request_id: int) -> None:
+        """Abort, and end the request here if the engine stays silent: 1.2's PyTorch
+        executor drops a request it still has queued without any response
+        (`_torch/pyexecutor/py_executor.py`); a running one ends `cancelled` after its
+        iteration, well within the timeout."""
         result = self._results.get(request_id)
-        if result is not None:
-            result.abort()
+        if result is None:
+            return
+        result.abort()
+        self._loop.call_later(self._cancel_timeout_s, self._give_up, request_id)
+
+    def _give_up(self, request_id: int) -> None:
+        reader = self._readers.get(request_id)
+        if reader is None:
+            return  # it ended meanwhile
+        log.warning(
+            "engine request %d: no final output %.1fs after its abort (it was queued); ended here",
+            request_id,
+            self._cancel_timeout_s,
+        )
+        reader.cancel()
+        self._results.pop(request_id, None)
+        self._outputs.put(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
 
     async def _read(self, request: EngineRequest, result: RequestOutput) -> None:
         """Turn one request's stream of RequestOutputs into EngineOutputs."""
@@ -243,20 +311,31 @@ class LlmApiEngine:
         finally:
             self._results.pop(request.id, None)
 
-    async def _latest_stats(self) -> EngineStats:
-        async for sample in self._llm.get_stats_async(timeout=0.01):
-            self._stats = _parse_stats(sample)
-        return self._stats
+    async def _follow_stats(self) -> None:
+        """Forever: take each iteration's statistics as the engine yields them. The
+        iterator ends after `STATS_TIMEOUT_S` without an iteration (an idle engine) and
+        is simply started again."""
+        while True:
+            try:
+                async for sample in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                    self._stats = _parse_stats(sample)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # statistics are optional: never let them stop serving
+                log.debug("engine statistics: %s", exc)
+            await asyncio.sleep(STATS_TIMEOUT_S)
 
     async def _close(self) -> None:
+        self._stats_task.cancel()
         for result in list(self._results.values()):
             result.abort()
         try:
             self._llm.shutdown()
         finally:
-            for reader in list(self._readers):
+            readers = list(self._readers.values())
+            for reader in readers:
                 reader.cancel()
-            await asyncio.gather(*self._readers, return_exceptions=True)
+            await asyncio.gather(*readers, return_exceptions=True)
 
 
 def _finish(

@@ -21,7 +21,14 @@ import tensorrt_llm.bindings.executor as tle
 
 from worker.config import Settings
 from worker.contract.errors import ConfigError
-from worker.engine.base import EngineOutput, EngineRequest, EngineStats, FinishReason, stop_ids
+from worker.engine.base import (
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    stop_ids,
+)
 from worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
@@ -40,8 +47,8 @@ SCHEDULER_POLICIES = {
 }
 
 
-def engine_world_size(engine_dir: Path) -> int:
-    """Ranks the engine was built for, from its `config.json` (`pretrained_config.mapping`)."""
+def engine_config(engine_dir: Path) -> dict[str, Any]:
+    """The engine folder's `config.json`, as `trtllm-build` wrote it."""
     config_file = engine_dir / "config.json"
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
@@ -49,6 +56,14 @@ def engine_world_size(engine_dir: Path) -> int:
         raise ConfigError(
             f"invalid setting WORKER_ENGINE_DIR: cannot read {config_file}: {exc}"
         ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"invalid setting WORKER_ENGINE_DIR: {config_file} is not an object")
+    return config
+
+
+def engine_world_size(engine_dir: Path) -> int:
+    """Ranks the engine was built for, from its `config.json` (`pretrained_config.mapping`)."""
+    config = engine_config(engine_dir)
     mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
     if "world_size" in mapping:
         return int(mapping["world_size"])
@@ -111,9 +126,39 @@ def guided_decoding_config(
     )
 
 
+def built_limits(settings: Settings, build: dict[str, Any]) -> tuple[int, EngineLimits]:
+    """The engine's capacity and limits as `trtllm-build` fixed them (`build_config` of
+    its `config.json`). WORKER_MAX_BATCH above the built batch size is refused: the
+    Executor would queue the rest where the worker cannot see them."""
+    built_batch = build.get("max_batch_size")
+    capacity = settings.max_batch
+    if isinstance(built_batch, int) and built_batch < settings.max_batch:
+        raise ConfigError(
+            f"invalid setting WORKER_MAX_BATCH: {settings.max_batch} is above the engine's "
+            f"max_batch_size {built_batch} (WORKER_ENGINE_DIR config.json build_config); "
+            f"set WORKER_MAX_BATCH={built_batch}"
+        )
+    # without chunked context (the worker does not enable it) a prompt must fit both
+    prompt_limits = [
+        v
+        for v in (
+            build.get("max_input_len"),
+            settings.max_num_tokens or build.get("max_num_tokens"),
+        )
+        if isinstance(v, int)
+    ]
+    max_seq_len = build.get("max_seq_len")
+    return capacity, EngineLimits(
+        max_seq_len=max_seq_len if isinstance(max_seq_len, int) else None,
+        max_num_tokens=min(prompt_limits) if prompt_limits else None,
+    )
+
+
 def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
     assert settings.engine_dir is not None  # the settings validator requires it
     world_size = engine_world_size(settings.engine_dir)
+    build = engine_config(settings.engine_dir).get("build_config") or {}
+    capacity, limits = built_limits(settings, build)
     log.info(
         "TensorRT-LLM %s: loading the engine in %s (%d rank%s, %s mode)",
         tensorrt_llm.__version__,
@@ -125,7 +170,12 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
     config = executor_config(settings, world_size)
     config.guided_decoding_config = guided_decoding_config(settings, tokenizer)
     executor = tle.Executor(settings.engine_dir, tle.ModelType.DECODER_ONLY, config)
-    return ExecutorEngine(executor, capacity=settings.max_batch)
+    return ExecutorEngine(
+        executor,
+        capacity=capacity,
+        limits=limits,
+        cancel_timeout_s=settings.engine_cancel_timeout_s,
+    )
 
 
 def make_request(request: EngineRequest) -> tle.Request:
@@ -165,16 +215,30 @@ def make_request(request: EngineRequest) -> tle.Request:
 class ExecutorEngine:
     """The engine interface over `tensorrt_llm.bindings.executor.Executor`."""
 
-    def __init__(self, executor: tle.Executor, *, capacity: int) -> None:
+    def __init__(
+        self,
+        executor: tle.Executor,
+        *,
+        capacity: int,
+        limits: EngineLimits | None = None,
+        cancel_timeout_s: float = 5.0,
+    ) -> None:
         self._executor = executor
         self._capacity = capacity
+        self._limits = limits or EngineLimits()
+        self._cancel_timeout_s = cancel_timeout_s
         self._by_executor_id: dict[int, EngineRequest] = {}
         self._executor_ids: dict[int, int] = {}
         self._rejected: list[EngineOutput] = []
+        self._aborted: dict[int, float] = {}  # engine id → when to stop waiting for it
 
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
 
     def enqueue(self, request: EngineRequest) -> None:
         try:
@@ -188,9 +252,12 @@ class ExecutorEngine:
         self._executor_ids[request.id] = executor_id
 
     def cancel(self, request_id: int) -> None:
+        """Cancel, and end the request here if the engine stays silent for
+        WORKER_ENGINE_CANCEL_TIMEOUT_S, whatever state it had it in."""
         executor_id = self._executor_ids.get(request_id)
         if executor_id is not None:
             self._executor.cancel_request(executor_id)
+            self._aborted.setdefault(request_id, time.monotonic() + self._cancel_timeout_s)
 
     def wake(self) -> None:
         """`await_responses` cannot be interrupted; the looper's short timeout bounds it."""
@@ -202,7 +269,25 @@ class ExecutorEngine:
             output = self._convert(response)
             if output is not None:
                 outputs.append(output)
-        return outputs
+        return outputs + self._overdue_aborts()
+
+    def _overdue_aborts(self) -> list[EngineOutput]:
+        if not self._aborted:
+            return []
+        now = time.monotonic()
+        overdue = [i for i, due in self._aborted.items() if due <= now]
+        ended = []
+        for request_id in overdue:
+            executor_id = self._executor_ids.get(request_id)
+            del self._aborted[request_id]
+            if executor_id is None:
+                continue  # it ended meanwhile
+            log.warning(
+                "engine request %d: no final response after its cancel; ended here", request_id
+            )
+            self._forget(executor_id, self._by_executor_id[executor_id])
+            ended.append(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
+        return ended
 
     def _convert(self, response: Any) -> EngineOutput | None:
         request = self._by_executor_id.get(response.request_id)
@@ -236,6 +321,7 @@ class ExecutorEngine:
     def _forget(self, executor_id: int, request: EngineRequest) -> None:
         del self._by_executor_id[executor_id]
         self._executor_ids.pop(request.id, None)
+        self._aborted.pop(request.id, None)
 
     def stats(self) -> EngineStats:
         samples = self._executor.get_latest_iteration_stats()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from worker.config import Settings
 from worker.contract.errors import InputTooLong, InvalidJob
 from worker.contract.job import Job, JobLimits, parse_job
+from worker.engine.base import EngineLimits
 from worker.pipeline.chat import render_chat
 from worker.pipeline.grammar import CompiledGrammar, compile_grammar
 from worker.tokenizer import TokenizerInfo
@@ -28,9 +29,19 @@ class PreparedInput:
     grammar: CompiledGrammar | None = None
 
 
-def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> PreparedInput:
-    """Raises `InvalidJob` / `InputTooLong` naming the field at fault."""
+def prepare_input(
+    job: Job,
+    tokenizer: TokenizerInfo,
+    settings: Settings,
+    limits: EngineLimits | None = None,
+) -> PreparedInput:
+    """Raises `InvalidJob` / `InputTooLong` naming the field at fault. `limits` are
+    the built engine's: a job it would cut short or ignore in part fails here."""
     params = job.parameters
+    engine = limits or EngineLimits()
+    for name, why in engine.ignored_parameters.items():
+        if getattr(params, name) is not None:
+            raise InvalidJob(f"parameters.{name}: {why}", request_id=job.request_id)
     field = "inputs"
     if job.input_ids is not None:
         field = "input_ids"
@@ -66,6 +77,8 @@ def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> Pre
             f"{field}: {len(ids)} tokens, the limit is {settings.max_input_tokens}{hint}",
             request_id=job.request_id,
         )
+    max_new = job.max_new_tokens(job_limits(settings))
+    _check_engine_limits(len(ids), max_new, engine, field, job.request_id)
     stop_ids = params.stop_token_ids or []
     _check_vocabulary(stop_ids, tokenizer, "parameters.stop_token_ids", job.request_id)
     grammar = None
@@ -73,8 +86,27 @@ def prepare_input(job: Job, tokenizer: TokenizerInfo, settings: Settings) -> Pre
         grammar = compile_grammar(params.grammar, settings.guided_decoding, job.request_id)
     # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the
     # prompt by WORKER_MAX_INPUT_TOKENS, so their sum is within the contract's total.
-    max_new = job.max_new_tokens(job_limits(settings))
     return PreparedInput(ids, max_new, params.min_new_tokens or 0, frozenset(stop_ids), grammar)
+
+
+def _check_engine_limits(
+    prompt: int, max_new: int, limits: EngineLimits, field: str, request_id: str
+) -> None:
+    """TensorRT-LLM rejects only a prompt over `max_num_tokens`; past `max_seq_len` it
+    stops generating and reports `length`, a short stream that looks complete."""
+    if limits.max_num_tokens is not None and prompt > limits.max_num_tokens:
+        raise InputTooLong(
+            f"{field}: {prompt} tokens, the engine takes prompts of at most "
+            f"{limits.max_num_tokens} (max_num_tokens)",
+            request_id=request_id,
+        )
+    if limits.max_seq_len is not None and prompt + max_new > limits.max_seq_len:
+        raise InputTooLong(
+            f"{field}: {prompt} tokens + max_new_tokens {max_new} = {prompt + max_new}, over "
+            f"the engine's max_seq_len {limits.max_seq_len}; lower max_new_tokens or set "
+            "parameters.truncate",
+            request_id=request_id,
+        )
 
 
 def _check_vocabulary(
@@ -95,9 +127,12 @@ def job_limits(settings: Settings) -> JobLimits:
 class Intake:
     """Validates and tokenizes jobs with one worker's settings and tokenizer."""
 
-    def __init__(self, settings: Settings, tokenizer: TokenizerInfo) -> None:
+    def __init__(
+        self, settings: Settings, tokenizer: TokenizerInfo, engine: EngineLimits | None = None
+    ) -> None:
         self._settings = settings
         self._limits = job_limits(settings)
+        self._engine = engine or EngineLimits()
         self.tokenizer = tokenizer
 
     def read(self, body: bytes, *, content_type: str | None, message_id: str | None) -> Job:
@@ -109,8 +144,10 @@ class Intake:
     async def prepare(self, job: Job) -> PreparedInput:
         """Render and tokenize: off the event loop for long prompts."""
         if _prompt_chars(job) > TOKENIZE_IN_THREAD_CHARS:
-            return await asyncio.to_thread(prepare_input, job, self.tokenizer, self._settings)
-        return prepare_input(job, self.tokenizer, self._settings)
+            return await asyncio.to_thread(
+                prepare_input, job, self.tokenizer, self._settings, self._engine
+            )
+        return prepare_input(job, self.tokenizer, self._settings, self._engine)
 
 
 def _prompt_chars(job: Job) -> int:

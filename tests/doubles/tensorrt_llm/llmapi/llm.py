@@ -107,7 +107,16 @@ class LLM:
                 f"but {tensor_parallel_size} are required."
             )
         on_stats = self._on_stats if self.args.enable_iter_perf_stats else None
-        self._engine = self._gpu.new_engine(self.args.max_batch_size or 2048, on_stats)
+        # The PyTorch executor (1.2): a cancel of a request still in the waiting queue
+        # drops it with no response (_torch/pyexecutor/py_executor.py, the cancelled ids
+        # are filtered out of the waiting queue); generation stops at max_seq_len and is
+        # reported as length.
+        self._engine = self._gpu.new_engine(
+            self.args.max_batch_size or 2048,
+            on_stats,
+            silent_queued_cancel=True,
+            max_seq_len=self.args.max_seq_len,
+        )
         self._gpu.on_kill(self._on_kill)
         self._ids = itertools.count(1)
         self._jobs: dict[int, Job] = {}
