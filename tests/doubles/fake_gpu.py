@@ -76,15 +76,17 @@ class Engine:
         max_batch_size: int,
         on_stats: Callable[[IterStats], None] | None = None,
         *,
-        silent_queued_cancel: bool = False,
+        queued_cancel: Literal["silent", "after_admission"] = "after_admission",
         max_seq_len: int | None = None,
     ) -> None:
         self.gpu = gpu
         self.max_batch_size = max_batch_size
         self.on_stats = on_stats
-        self.silent_queued_cancel = silent_queued_cancel
-        """A cancel of a request still waiting removes it without any response (the
-        PyTorch executor's behaviour, which the API double chooses)."""
+        self.queued_cancel = queued_cancel
+        """What a cancel does to a request still waiting (each API double chooses its
+        engine's): "silent" removes it without any response (the PyTorch executor);
+        "after_admission" leaves it queued until admitted, its first step runs, and the
+        next iteration ends it cancelled (the C++ Executor)."""
         self.max_seq_len = max_seq_len
         """Prompt + generated tokens at which a request stops with `length`."""
         self.closed = False
@@ -133,10 +135,12 @@ class Engine:
         now = time.monotonic()
         for job in [*self._active, *self._queued]:
             timed_out = job.deadline is not None and now >= job.deadline
+            queued = job in self._queued
+            if job.cancel_requested and queued and self.queued_cancel == "after_admission":
+                continue  # executorImpl.cpp checks cancels against active requests only
             if job.cancel_requested or timed_out:
-                queued = job in self._queued
                 self._drop(job)
-                if job.cancel_requested and queued and self.silent_queued_cancel:
+                if job.cancel_requested and queued and self.queued_cancel == "silent":
                     continue  # gone without a word
                 out.append((job, Step([], "cancelled" if job.cancel_requested else "timed_out")))
         if self._fail_message is not None:

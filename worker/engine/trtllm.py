@@ -177,6 +177,9 @@ class LlmApiEngine:
         self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
         self._results: dict[int, RequestOutput] = {}
         self._readers: dict[int, asyncio.Task[None]] = {}
+        self._aborted: set[int] = set()
+        """Requests aborted here: their later tokens are dropped (1.2 ends a running
+        request only after the iteration that saw the abort, #10879)."""
         self._stats = EngineStats()
         self._fatal: BaseException | None = None
         self._loop = asyncio.new_event_loop()
@@ -270,6 +273,7 @@ class LlmApiEngine:
         if result is None:
             return
         result.abort()
+        self._aborted.add(request_id)
         self._loop.call_later(self._cancel_timeout_s, self._give_up, request_id)
 
     def _give_up(self, request_id: int) -> None:
@@ -290,6 +294,11 @@ class LlmApiEngine:
         emit = self._outputs.put
         try:
             async for output in result:
+                if request.id in self._aborted:  # it stopped at the abort
+                    if output.finished:
+                        emit(EngineOutput(request.id, [], finish=FinishReason.CANCELLED))
+                        return
+                    continue
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids_diff)
                 logprobs = None
@@ -310,6 +319,7 @@ class LlmApiEngine:
             emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
         finally:
             self._results.pop(request.id, None)
+            self._aborted.discard(request.id)
 
     async def _follow_stats(self) -> None:
         """Forever: take each iteration's statistics as the engine yields them. The

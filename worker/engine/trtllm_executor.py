@@ -301,6 +301,13 @@ class ExecutorEngine:
         logprobs = None
         if request.return_logprobs and result.log_probs:
             logprobs = list(result.log_probs[0][-len(tokens) :]) if tokens else []
+        if request.id in self._aborted:
+            # a step after the cancel: the request stopped at the cancel (a queued one
+            # even runs its first step once admitted, `executorImpl.cpp`)
+            if not result.is_final:
+                return None
+            self._forget(response.request_id, request)
+            return EngineOutput(request.id, [], finish=FinishReason.CANCELLED)
         if not result.is_final:
             return EngineOutput(request.id, tokens, logprobs) if tokens else None
         self._forget(response.request_id, request)

@@ -627,7 +627,10 @@ class Executor:
         self._gpu.executor_configs.append(config)
         self._config = config
         batch = config.max_batch_size or self._gpu.engine_max_batch_size
-        self._engine = self._gpu.new_engine(batch, self._on_stats)
+        # executorImpl.cpp @ b35ac1b6: cancelRequest only records the id and
+        # terminateCancelledRequests looks at active requests, so a queued request runs
+        # its first step once admitted and is then ended CANCELLED
+        self._engine = self._gpu.new_engine(batch, self._on_stats, queued_cancel="after_admission")
         self._gpu.on_kill(self._wake)
         self._cv = threading.Condition()
         self._responses: dict[int, list[Response]] = {}

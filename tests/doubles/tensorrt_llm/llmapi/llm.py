@@ -108,13 +108,14 @@ class LLM:
             )
         on_stats = self._on_stats if self.args.enable_iter_perf_stats else None
         # The PyTorch executor (1.2): a cancel of a request still in the waiting queue
-        # drops it with no response (_torch/pyexecutor/py_executor.py, the cancelled ids
-        # are filtered out of the waiting queue); generation stops at max_seq_len and is
-        # reported as length.
+        # drops it with no response (py_executor.py _handle_canceled_requests rebuilds
+        # the waiting queue without it; responses come only from active requests;
+        # executor_request_queue.py @ 007a7508); generation stops at max_seq_len
+        # (TorchSampler._meet_max_token_stop_criteria) and is reported as length.
         self._engine = self._gpu.new_engine(
             self.args.max_batch_size or 2048,
             on_stats,
-            silent_queued_cancel=True,
+            queued_cancel="silent",
             max_seq_len=self.args.max_seq_len,
         )
         self._gpu.on_kill(self._on_kill)
