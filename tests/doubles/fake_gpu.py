@@ -149,7 +149,10 @@ class Engine:
             self._active.clear()
             self._fail_message = None
         new = 0
-        while self._queued and len(self._active) < self.max_batch_size:
+        room = self.max_batch_size
+        if self.gpu.kv_cache_requests is not None:
+            room = min(room, self.gpu.kv_cache_requests)
+        while self._queued and len(self._active) < room:
             job = self._queued.popleft()
             new += 1
             if FakeGpu.POISON_TOKEN in job.prompt:
@@ -230,6 +233,9 @@ class FakeGpu:
         self.tokenizer_eos_id = 2  # end_id the LLM's simulated tokenizer would supply
         self.tokens_per_block = 32
         self.max_num_blocks = 4096
+        self.kv_cache_requests: int | None = None
+        """Requests the KV cache holds at once (None: no limit): below max_batch_size
+        the engine queues the rest on its own, as under KV-cache pressure."""
         # Everything the doubles received, in order (real objects of the double's classes).
         self.llm_kwargs: list[dict[str, Any]] = []
         self.sampling_params: list[Any] = []

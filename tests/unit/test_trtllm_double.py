@@ -234,3 +234,73 @@ def test_executor_cancel_timeout_and_non_streaming_output(gpu: FakeGpu) -> None:
     gpu.kill("rank 0 died")
     with pytest.raises(RuntimeError, match="rank 0 died"):
         executor.await_responses(WAIT)
+
+
+# -- how 1.2 really behaves (shared/reference/tensorrt-llm.md, section 8) ---------------------
+
+
+async def test_llm_api_abort_of_a_queued_request_is_silent(gpu: FakeGpu) -> None:
+    """py_executor.py: a cancelled request still waiting is dropped from the waiting
+    queue; only active requests produce responses. Its result never finishes."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    gpu.step_s = 0.002
+    with LLM("ckpt", skip_tokenizer_init=True, max_batch_size=1) as llm:
+        params = SamplingParams(end_id=-1, max_tokens=200, detokenize=False)
+        running = llm.generate_async([4], params, streaming=True)
+        queued = llm.generate_async([5], params, streaming=True)
+        queued.abort()
+        assert queued.aborted()
+        async for _ in running:
+            pass
+        assert running.finished
+        assert not queued.finished
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(queued.aresult(), 0.3)
+
+
+async def test_llm_api_generation_stops_at_max_seq_len_reported_as_length(gpu: FakeGpu) -> None:
+    """Only a prompt over max_num_tokens is refused; past max_seq_len the sampler stops
+    the request and calls it `length` (TorchSampler._meet_max_token_stop_criteria)."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    with LLM("ckpt", skip_tokenizer_init=True, max_seq_len=10) as llm:
+        params = SamplingParams(end_id=-1, max_tokens=100, detokenize=False)
+        out = await llm.generate_async([4, 5, 6], params, streaming=True).aresult()
+    assert len(out.outputs[0].token_ids or []) == 7  # 3 + 7 = max_seq_len
+    assert out.outputs[0].finish_reason == "length"
+
+
+async def test_llm_api_stats_go_quiet_when_idle(gpu: FakeGpu) -> None:
+    """get_stats_async yields one dict per iteration and ends after `timeout` without
+    one; an idle engine runs no iterations, so it then yields nothing."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    with LLM("ckpt", skip_tokenizer_init=True, enable_iter_perf_stats=True) as llm:
+        params = SamplingParams(end_id=-1, max_tokens=5, detokenize=False)
+        await llm.generate_async([4], params).aresult()
+        busy = [s async for s in llm.get_stats_async(timeout=0.2)]
+        idle = [s async for s in llm.get_stats_async(timeout=0.2)]
+    assert busy
+    assert all(isinstance(s, dict) for s in busy)
+    assert idle == []
+
+
+def test_executor_cancel_of_a_queued_request_waits_for_admission(gpu: FakeGpu) -> None:
+    """executorImpl.cpp: cancelRequest records the id; only active requests are
+    terminated. A queued request is admitted, runs a step, then ends CANCELLED."""
+    import tensorrt_llm.bindings.executor as tle
+
+    gpu.step_s = 0.002
+    config = tle.ExecutorConfig(max_batch_size=1)
+    with tle.Executor("engine", tle.ModelType.DECODER_ONLY, config) as executor:
+        first = executor.enqueue_request(tle.Request([4], 20, streaming=True))
+        queued = executor.enqueue_request(tle.Request([5], 20, streaming=True))
+        executor.cancel_request(queued)
+        responses: list[tle.Response] = []
+        while not any(r.result.is_final for r in responses):
+            responses += executor.await_responses(queued, timeout=WAIT)
+        executor.cancel_request(first)
+    tokens = [t for r in responses for t in r.result.output_token_ids[0]]
+    assert tokens  # its first step ran once admitted
+    assert responses[-1].result.finish_reasons == [tle.FinishReason.CANCELLED]

@@ -1,0 +1,112 @@
+"""The adapters against TensorRT-LLM 1.2 as it really behaves (the double follows its
+source: tests/doubles): a cancel of a request the engine still has queued, statistics
+of an idle engine, several tokens per step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.doubles import FakeGpu
+from tests.engines.conftest import collect, create_trtllm, tokens_of, trtllm_settings
+from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason
+
+KINDS = ["trtllm", "trtllm-executor"]
+
+
+def long_request(request_id: int, token: int) -> EngineRequest:
+    return EngineRequest(id=request_id, prompt_ids=[token], max_new_tokens=100_000)
+
+
+def until_final(
+    engine: Engine, outputs: dict[int, list[EngineOutput]], request_id: int, limit_s: float = 5
+) -> None:
+    """Wait as the looper does until `request_id` has its final output (keeping the
+    others' outputs)."""
+    deadline = time.monotonic() + limit_s
+    while not (outputs[request_id] and outputs[request_id][-1].final):
+        assert time.monotonic() < deadline, "no final output in time"
+        for output in engine.wait(0.05):
+            outputs.setdefault(output.id, []).append(output)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cancel_of_a_request_the_engine_queued_ends_it(
+    gpu: FakeGpu, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine queues on its own (KV-cache pressure: one request at a time) while
+    the worker counts two running. The queued one's cancel ends its stream, cancelled
+    and without tokens, within the cancel timeout; the slot is free again."""
+    gpu.step_s = 0.002
+    gpu.kv_cache_requests = 1
+    engine = create_trtllm(trtllm_settings(tmp_path, kind, engine_cancel_timeout_s=0.3))
+    try:
+        engine.enqueue(long_request(1, 5))
+        engine.enqueue(long_request(2, 6))
+        outputs: dict[int, list[EngineOutput]] = {1: [], 2: []}
+        while not outputs[1]:
+            for output in engine.wait(0.05):
+                outputs[output.id].append(output)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            engine.cancel(2)
+            until_final(engine, outputs, 2)
+        assert time.monotonic() - started < 2
+        assert outputs[2][-1].finish is FinishReason.CANCELLED
+        assert tokens_of(outputs[2]) == []
+        engine.cancel(1)
+        until_final(engine, outputs, 1)
+        assert outputs[1][-1].finish is FinishReason.CANCELLED
+        assert tokens_of(outputs[1])  # it ran: what it generated is kept
+    finally:
+        engine.shutdown()
+    if kind == "trtllm":  # the LLM API never answers: the adapter ended it itself
+        assert "no final output" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_running_request_ends_by_the_engines_own_answer(
+    gpu: FakeGpu, tmp_path: Path, kind: str
+) -> None:
+    """With a long cancel timeout, a running request still ends at once: the engine's
+    final `cancelled` output, not the adapter's timer."""
+    gpu.step_s = 0.002
+    engine = create_trtllm(trtllm_settings(tmp_path, kind, engine_cancel_timeout_s=600))
+    try:
+        engine.enqueue(long_request(1, 5))
+        outputs: dict[int, list[EngineOutput]] = {1: []}
+        while not outputs[1]:
+            outputs[1] += engine.wait(0.05)
+        engine.cancel(1)
+        collect(engine, outputs, limit_s=5)
+    finally:
+        engine.shutdown()
+    assert outputs[1][-1].finish is FinishReason.CANCELLED
+
+
+def test_llm_api_statistics_never_block_and_read_zero_when_idle(
+    gpu: FakeGpu, tmp_path: Path
+) -> None:
+    gpu.step_s = 0.002
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
+    try:
+        engine.enqueue(long_request(1, 5))
+        outputs: dict[int, list[EngineOutput]] = {1: []}
+        deadline = time.monotonic() + 5
+        busy = engine.stats()
+        while busy.active_requests != 1:
+            assert time.monotonic() < deadline, "no statistics while busy"
+            outputs[1] += engine.wait(0.05)
+            started = time.perf_counter()
+            busy = engine.stats()
+            assert time.perf_counter() - started < 0.01  # a cached read, not a fetch
+        engine.cancel(1)
+        collect(engine, outputs, limit_s=5)
+        idle = engine.stats()
+    finally:
+        engine.shutdown()
+    assert (idle.active_requests, idle.queued_requests) == (0, 0)
+    assert busy.kv_cache_max_blocks == gpu.max_num_blocks
