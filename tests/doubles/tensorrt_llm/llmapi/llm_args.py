@@ -1,5 +1,7 @@
-# mirrors tensorrt_llm/llmapi/llm_args.py (1.2.x): KvCacheConfig and the subset of
-# TorchLlmArgs the worker passes.  Both are pydantic models that forbid unknown fields.
+# mirrors tensorrt_llm/llmapi/llm_args.py (1.2.x): KvCacheConfig and TorchLlmArgs with every
+# field of the real classes (lists as at NVIDIA/TensorRT-LLM c292b9f9, checked by
+# tests/unit/test_trtllm_fields.py); the fields the worker does not use are accepted, not
+# modelled.
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -23,6 +25,13 @@ class KvCacheConfig(BaseModel):
     enable_partial_reuse: bool = True
     copy_on_partial_reuse: bool = True
     use_uvm: bool = False
+
+    # accepted as the real class accepts them; not modelled
+    attention_dp_events_gather_period_ms: Any = None
+    dtype: Any = None
+    mamba_ssm_cache_dtype: Any = None
+    max_gpu_total_bytes: Any = None
+    tokens_per_block: Any = None
 
 
 class TorchLlmArgs(BaseModel):
@@ -59,3 +68,60 @@ class TorchLlmArgs(BaseModel):
     # builds no guided decoder, and a request's guided_decoding is then ignored
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     num_postprocess_workers: int = 0
+
+    # accepted as the real class accepts them; the double does not model what they do
+    allreduce_strategy: Any = None
+    attention_dp_config: Any = None
+    attn_backend: Any = None
+    batch_wait_max_tokens_ratio: Any = None
+    batch_wait_timeout_iters: Any = None
+    batch_wait_timeout_ms: Any = None
+    batched_logits_processor: Any = None
+    cache_transceiver_config: Any = None
+    checkpoint_format: Any = None
+    checkpoint_loader: Any = None
+    context_parallel_size: Any = 1
+    cp_config: Any = None
+    cuda_graph_config: Any = None
+    decoding_config: Any = None
+    disable_flashinfer_sampling: Any = None
+    disable_overlap_scheduler: Any = False
+    enable_attention_dp: Any = False
+    enable_autotuner: Any = True
+    enable_layerwise_nvtx_marker: Any = None
+    enable_lm_head_tp_in_adp: Any = None
+    enable_lora: Any = False
+    enable_min_latency: Any = None
+    enable_sleep: Any = None
+    env_overrides: Any = None
+    fail_fast_on_attention_window_too_large: Any = None
+    force_dynamic_quantization: Any = None
+    garbage_collection_gen0_threshold: Any = None
+    gpus_per_node: Any = None
+    iter_stats_max_iterations: Any = None
+    kv_connector_config: Any = None
+    load_format: Any = "auto"
+    lora_config: Any = None
+    mm_encoder_only: Any = None
+    moe_cluster_parallel_size: Any = None
+    moe_config: Any = None
+    moe_expert_parallel_size: Any = None
+    moe_tensor_parallel_size: Any = None
+    mpi_session: Any = None
+    nvfp4_gemm_config: Any = None
+    orchestrator_type: Any = None
+    otlp_traces_endpoint: Any = None
+    peft_cache_config: Any = None
+    perf_metrics_max_requests: Any = None
+    postprocess_tokenizer_dir: Any = None
+    pp_partition: Any = None
+    ray_placement_config: Any = None
+    ray_worker_extension_cls: Any = None
+    reasoning_parser: Any = None
+    request_stats_max_iterations: Any = None
+    sampler_force_async_worker: Any = None
+    sampler_type: Any = "auto"
+    scheduler_config: Any = None
+    sparse_attention_config: Any = None
+    speculative_config: Any = None
+    torch_compile_config: Any = None
