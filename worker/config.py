@@ -73,6 +73,7 @@ class Settings(BaseSettings):
     kv_cache_block_reuse: bool = True
     llm_extra_options: Path | None = None
     scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    sampler: Literal["TRTLLMSampler", "TorchSampler", "auto"] = "TRTLLMSampler"
     executor_worker_path: Path | None = None
     engine_start_timeout_s: Annotated[float, Field(gt=0)] = 1800
     engine_stats_interval_s: Annotated[float, Field(gt=0)] = 5

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.doubles import FakeGpu
-from tests.engines.conftest import collect, create_trtllm, tokens_of, trtllm_settings
-from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason
+from tests.engines.conftest import collect, create_trtllm, drive, tokens_of, trtllm_settings
+from worker.contract.errors import ConfigError
+from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
 
 KINDS = ["trtllm", "trtllm-executor"]
 
@@ -110,3 +111,63 @@ def test_llm_api_statistics_never_block_and_read_zero_when_idle(
         engine.shutdown()
     assert (idle.active_requests, idle.queued_requests) == (0, 0)
     assert busy.kv_cache_max_blocks == gpu.max_num_blocks
+
+
+def test_the_default_sampler_honours_seed_and_penalties(gpu: FakeGpu, tmp_path: Path) -> None:
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
+    engine.shutdown()
+    assert gpu.llm_kwargs[-1]["sampler_type"] == "TRTLLMSampler"
+    assert engine.limits.ignored_parameters == {}
+
+
+@pytest.mark.parametrize("sampler", ["TorchSampler", "auto"])
+def test_torch_sampler_parameters_it_ignores_are_refused(
+    gpu: FakeGpu, tmp_path: Path, sampler: str
+) -> None:
+    """1.2's TorchSampler accepts seed and the penalties and ignores them: jobs giving
+    them are refused at intake (see test_inputs.py), each naming why."""
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler=sampler))
+    engine.shutdown()
+    ignored = engine.limits.ignored_parameters
+    assert sorted(ignored) == [
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "seed",
+    ]
+    assert f"WORKER_SAMPLER={sampler}" in ignored["seed"]
+
+
+def test_a_sampler_in_the_extra_options_must_agree(gpu: FakeGpu, tmp_path: Path) -> None:
+    extra = tmp_path / "extra.json"
+    extra.write_text('{"sampler_type": "TorchSampler"}')
+    with pytest.raises(ConfigError, match="sampler_type: TorchSampler, but WORKER_SAMPLER"):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", llm_extra_options=extra))
+
+
+@pytest.mark.parametrize(
+    ("sampler", "published"), [("TRTLLMSampler", True), ("TorchSampler", False)]
+)
+def test_logprob_is_the_sampled_tokens_own_or_absent(
+    gpu: FakeGpu, tmp_path: Path, sampler: str, published: bool
+) -> None:
+    """Under sampling, TorchSampler's top-1 log probability is the most likely token's,
+    not the sampled one's: the adapter publishes none rather than a wrong one."""
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler=sampler))
+    sampled = EngineRequest(
+        id=1,
+        prompt_ids=[5, 6],
+        max_new_tokens=4,
+        sampling=Sampling(do_sample=True, temperature=0.8, top_k=50),
+        return_logprobs=True,
+    )
+    try:
+        outputs = drive(engine, [sampled])[1]
+    finally:
+        engine.shutdown()
+    logprobs = [p for o in outputs for p in (o.logprobs or [])]
+    assert len(logprobs) == 4
+    if published:
+        assert all(p == gpu.logprob for p in logprobs)
+    else:
+        assert logprobs == [None] * 4

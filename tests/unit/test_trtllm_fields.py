@@ -12,6 +12,7 @@ real LLM would refuse is refused by it too. The lists are copied from NVIDIA/Ten
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -202,7 +203,10 @@ def test_an_extra_options_field_the_worker_does_not_model_is_accepted(gpu: FakeG
     """`cuda_graph_config`, `sampler_type`, `moe_config`: fields a user's file holds."""
     from tensorrt_llm import LLM
 
-    options = {"cuda_graph_config": {"batch_sizes": [1, 2]}, "sampler_type": "TorchSampler"}
+    options: dict[str, Any] = {
+        "cuda_graph_config": {"batch_sizes": [1, 2]},
+        "sampler_type": "TorchSampler",
+    }
     with LLM("ckpt", skip_tokenizer_init=True, **options) as llm:
         assert llm.args.sampler_type == "TorchSampler"
     with pytest.raises(ValueError, match="LLM got invalid argument: cuda_graphs"):

@@ -54,8 +54,26 @@ CONFLICTS = {
     "tensor_parallel_size": "tensor_parallel_size",
     "max_seq_len": "max_seq_len",
     "max_num_tokens": "max_num_tokens",
+    "sampler_type": "sampler",
 }
 """Extra options that a worker setting also decides: both may not say different things."""
+
+
+TORCH_SAMPLER_IGNORES = ("seed", "repetition_penalty", "presence_penalty", "frequency_penalty")
+"""What 1.2's TorchSampler accepts and ignores: one generator seeded once for every
+request, no penalties (`_torch/pyexecutor/sampler.py`; per-request support came with
+TensorRT-LLM PRs #16485 and #17172)."""
+
+
+def ignored_parameters(sampler: str) -> dict[str, str]:
+    """The job parameters the configured sampler would silently ignore, with why."""
+    if sampler == "TRTLLMSampler":
+        return {}
+    why = (
+        f"TensorRT-LLM 1.2's TorchSampler (WORKER_SAMPLER={sampler}) ignores it; "
+        "set WORKER_SAMPLER=TRTLLMSampler to use it"
+    )
+    return dict.fromkeys(TORCH_SAMPLER_IGNORES, why)
 
 
 def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
@@ -87,6 +105,9 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
     }
     if settings.max_num_tokens is not None:
         kwargs["max_num_tokens"] = settings.max_num_tokens
+    # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
+    # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
+    kwargs["sampler_type"] = settings.sampler
     if settings.guided_decoding != "none":
         # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
         kwargs["guided_decoding_backend"] = settings.guided_decoding
@@ -172,6 +193,7 @@ class LlmApiEngine:
         self._limits = EngineLimits(
             max_seq_len=args.max_seq_len,
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
+            ignored_parameters=ignored_parameters(str(args.sampler_type)),
         )
         self._cancel_timeout_s = cancel_timeout_s
         self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()

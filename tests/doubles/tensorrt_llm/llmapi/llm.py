@@ -254,9 +254,17 @@ class LLM:
             with contextlib.suppress(AsyncQueue.EventLoopShutdownError):
                 self._iter_stats_result.queue.put(IterationStats._from(stats).to_json_str())
 
-    def _logprobs(self, tokens: list[int], k: int) -> TokenLogprobs:
+    def _logprobs(self, tokens: list[int], k: int, params: SamplingParams) -> TokenLogprobs:
+        """The top-k per token. TorchSampler (what sampler_type "auto" picks for beam
+        width 1) ranks the log-softmax before temperature and top-k/top-p and returns
+        its top k (sampler.py, _process_requests / handle_logprobs @ 28edbcdb): under
+        sampling the sampled token need not be among them, and the fake model's
+        distribution puts another token first (token + 1000). TRTLLMSampler returns
+        the sampled token's own log probability, rank 1."""
         lp = self._gpu.logprob
-        return [{t + i: Logprob(lp - i, rank=i + 1) for i in range(k)} for t in tokens]
+        torch_sampler = self.args.sampler_type != "TRTLLMSampler"
+        shift = 1000 if torch_sampler and not params._greedy_decoding else 0
+        return [{t + shift + i: Logprob(lp - i, rank=i + 1) for i in range(k)} for t in tokens]
 
     def _emit(self, result: RequestOutput, job: Job, step: Step) -> None:
         """Engine thread: turn one step into the LlmResponse the PyTorch executor would send."""
@@ -282,6 +290,6 @@ class LLM:
             decoding_iter=job.steps,
         )
         if params.logprobs:
-            payload.log_probs = [self._logprobs(job.generated, params.logprobs)]
+            payload.log_probs = [self._logprobs(job.generated, params.logprobs, params)]
             payload.cum_log_probs = [self._gpu.logprob * len(job.generated)]
         result._deliver((_LlmResponse(result.request_id, None, payload), None))
