@@ -96,3 +96,75 @@ def test_llm_api_generates_and_cancels() -> None:
     batch = processor.process(outputs[1])
     text = "".join(str(f["text"]) for _, _, f in batch.entries if f["event"] == "token")
     assert "Paris" in text
+
+
+def _request(request_id: int, prompt: list[int], max_new: int, **fields: object) -> EngineRequest:
+    return EngineRequest(id=request_id, prompt_ids=prompt, max_new_tokens=max_new, **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(900)
+def test_llm_api_cancel_of_a_queued_request_ends_it() -> None:
+    """The engine holds one request at a time (max_batch_size 1 through the settings):
+    the second is queued inside TensorRT-LLM, which drops a cancelled queued request
+    without a word in 1.2. The adapter must still end it, cancelled, without tokens."""
+    from worker.engine import trtllm
+
+    assert MODEL is not None
+    settings = Settings(
+        _env_file=None,
+        engine="trtllm",
+        model=Path(MODEL),
+        max_batch=1,
+        engine_cancel_timeout_s=5,
+    )
+    tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    engine = trtllm.create(settings, tokenizer)
+    try:
+        prompt = tokenizer.tokenizer.encode("Count to a thousand:").ids
+        engine.enqueue(_request(1, prompt, 2000, ignore_eos=True))
+        engine.enqueue(_request(2, prompt, 2000, ignore_eos=True))
+        started: list[EngineOutput] = []
+        while not started:
+            started = [o for o in engine.wait(0.1) if o.id == 1]
+        engine.cancel(2)
+        began = time.monotonic()
+        outputs = run_to_end(engine, {2}, 60)
+        ended_after = time.monotonic() - began
+        engine.cancel(1)
+        run_to_end(engine, {1}, 60)
+    finally:
+        engine.shutdown()
+    assert outputs[2][-1].finish is FinishReason.CANCELLED
+    assert [t for o in outputs[2] for t in o.token_ids] == []
+    assert ended_after < settings.engine_cancel_timeout_s + 5
+
+
+@pytest.mark.timeout(900)
+def test_llm_api_seed_reproduces_a_sampled_continuation() -> None:
+    """With the default sampler (TRTLLMSampler) the same seed gives the same sampled
+    tokens, and another seed (almost surely) others: the seed is honoured."""
+    from worker.engine import trtllm
+
+    assert MODEL is not None
+    settings = Settings(_env_file=None, engine="trtllm", model=Path(MODEL), max_batch=4)
+    tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    engine = trtllm.create(settings, tokenizer)
+    prompt = tokenizer.tokenizer.encode("Once upon a time").ids
+    try:
+        runs = {}
+        for request_id, seed in ((1, 7), (2, 7), (3, 8)):
+            request = _request(
+                request_id,
+                prompt,
+                32,
+                ignore_eos=True,
+                sampling=Sampling(do_sample=True, temperature=1.0, top_k=50, seed=seed),
+            )
+            engine.enqueue(request)
+            runs[request_id] = [
+                t for o in run_to_end(engine, {request_id}, 300)[request_id] for t in o.token_ids
+            ]
+    finally:
+        engine.shutdown()
+    assert runs[1] == runs[2]
+    assert runs[1] != runs[3]
