@@ -15,6 +15,7 @@ import pytest
 from tests.doubles import FakeGpu
 from tests.engines.conftest import install_double
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
+from worker.contract.errors import ConfigError
 from worker.tokenizer import builtin_byte_tokenizer
 
 
@@ -147,3 +148,67 @@ async def test_a_dead_llm_api_engine_is_noticed_and_its_jobs_handed_back(
         names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
     )
     assert queue.declaration_result.message_count == 1
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "trtllm-executor"])
+async def test_a_cancelled_job_the_engine_holds_queued_ends_cancelled(
+    gpu: FakeGpu,
+    model_dir: Path,
+    engine: str,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    """The engine runs one request at a time (its KV cache is full) while the worker
+    holds two: cancelling the one TensorRT-LLM has queued ends its stream, and the
+    freed slot takes the next job."""
+    gpu.step_s = 0.005
+    gpu.kv_cache_requests = 1
+    running, queued, after = rid(), rid(), rid()
+    settings = engine_settings(engine, model_dir)
+    async with run_worker(**settings, max_batch=2, engine_cancel_timeout_s=0.5):
+        for request_id in (running, queued):
+            await producer.publish(
+                {"request_id": request_id, "inputs": "abc", "parameters": {"max_new_tokens": 2000}}
+            )
+        await subscriber.first_entry(running)
+        await producer.cancel(queued)
+        ended = await subscriber.read_until_terminal(queued, wait_s=10)
+        await producer.cancel(running)
+        await subscriber.read_until_terminal(running, wait_s=10)
+        await producer.publish({"request_id": after, "inputs": "xyz"})
+        last = await subscriber.read_until_terminal(after, wait_s=10)
+    assert terminal(ended)["finish_reason"] == "cancelled"
+    assert tokens(ended) == []
+    assert terminal(last)["event"] == "done"
+
+
+async def test_an_extra_option_that_shrinks_the_batch_stops_the_worker(
+    gpu: FakeGpu, model_dir: Path, run_worker: WorkerFactory, tmp_path: Path
+) -> None:
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"max_batch_size": 2}))
+    with pytest.raises(ConfigError, match="max_batch_size: 2, but WORKER_MAX_BATCH is 4"):
+        async with run_worker(
+            **engine_settings("trtllm", model_dir), max_batch=4, llm_extra_options=extra
+        ):
+            pass
+
+
+async def test_a_job_over_the_engines_max_seq_len_is_refused_with_both_numbers(
+    gpu: FakeGpu,
+    model_dir: Path,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    request_id = rid()
+    async with run_worker(**engine_settings("trtllm", model_dir), max_seq_len=64):
+        await producer.publish(
+            {"request_id": request_id, "inputs": "x" * 40, "parameters": {"max_new_tokens": 30}}
+        )
+        error = terminal(await subscriber.read_until_terminal(request_id))
+    assert error["code"] == "input_too_long"
+    assert (
+        "40 tokens + max_new_tokens 30 = 70, over the engine's max_seq_len 64" in error["message"]
+    )
