@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.services import ServiceUrls
+from worker.broker.settle import Settler, outcome_of
 from worker.config import Settings
 from worker.contract.errors import DeadlineExceeded, HandBack, StreamUnusable
 from worker.contract.job import Job
@@ -293,7 +294,7 @@ async def test_a_passed_deadline_is_not_run(pipeline: Pipeline) -> None:
     with pytest.raises(DeadlineExceeded):
         await pipeline.runner.run(job("r4", deadline="2001-01-01T00:00:00Z"), 0)
     assert pipeline.looper.submitted == []
-    assert len(pipeline.leases) == 0
+    assert len(pipeline.leases) == 0  # handed to the error entry, not tracked
 
 
 async def test_cancel_reaches_the_engine_and_ends_cancelled(
@@ -337,3 +338,32 @@ async def test_hand_back_all_releases_the_leases(
     await pipeline.pump.wait_background()
     # released, so the next owner need not wait for them to expire
     assert await redis.exists(*(lease_key(f"{prefix}h{i}") for i in range(3))) == 0
+
+
+async def test_an_error_found_under_the_lease_is_written_with_it(
+    pipeline: Pipeline, store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """A passed deadline is found after the lease was taken: its error entry goes
+    through that lease's fence (which releases it), never around it."""
+    key = prefix + "d1"
+    with pytest.raises(DeadlineExceeded) as caught:
+        await pipeline.runner.run(job("d1", deadline="2001-01-01T00:00:00Z"), 0)
+    error = caught.value
+    assert error.lease
+    assert await redis.get(lease_key(key)) == error.lease  # kept for the error entry
+    settler = Settler(pipeline.settings, store, pipeline.metrics, lambda: None)
+
+    class Message:
+        message_id = None
+        calls: list[str] = []  # noqa: RUF012
+
+        async def ack(self) -> None:
+            self.calls.append("ack")
+
+    message = Message()
+    await settler.settle(cast(Any, message), outcome_of(error))
+    assert message.calls == ["ack"]
+    stored = await entries(redis, key)
+    assert [e["event"] for e in stored] == ["error"]
+    assert stored[0]["code"] == "deadline_exceeded"
+    assert not await redis.exists(lease_key(key))

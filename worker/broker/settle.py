@@ -102,14 +102,15 @@ class Settler:
             )
 
     async def _error_entry(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
-        """The `error` entry, through the store's one fenced end: with no lease held it
-        is written only where no worker owns the stream. Raises on Redis failures."""
+        """The `error` entry, through the store's one fenced end: with the lease the job
+        held, or, with none, only where no worker owns the stream. Raises on Redis
+        failures."""
         request_id = error.request_id or valid_request_id(message.message_id)
         if request_id is None:
             return
         key = stream_key(self._settings.stream_prefix, request_id)
         try:
-            ended = await self._store.end(key, error_fields(error.code, error.message))
+            ended = await self._store.end(key, error_fields(error.code, error.message), error.lease)
         except StreamUnusable as exc:  # the key is not a stream: the dead letter says why
             log.warning("cannot append the error entry: %s", exc.message)
             return

@@ -44,6 +44,10 @@ class WorkerError(Exception):
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        self.lease = ""
+        """The request's lease token when the job held it as it failed: its error entry
+        is then written through that fence (which releases it); '' for a job that took
+        none, whose entry is written only where no worker holds the lease."""
 
 
 class InvalidJob(WorkerError):

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.config import Settings
-from worker.contract.errors import DeadlineExceeded, HandBack
+from worker.contract.errors import DeadlineExceeded, HandBack, WorkerError
 from worker.contract.job import Job, metadata_json
 from worker.contract.stream import FinishReason, entry_id
 from worker.engine.base import EngineRequest, Sampling
@@ -136,6 +136,10 @@ class JobRunner:
         )
         try:
             return await self._run_leased(job, key, stream, received_at)
+        except WorkerError as exc:
+            if exc.writes_error_entry and self._leases.forget(key, token):
+                exc.lease = token  # settling writes the error entry with it
+            raise
         finally:
             leases = {key: token} if self._leases.forget(key, token) else {}
             if leases:
