@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     amqp_url: str = "amqp://guest:guest@localhost:5672/"
     redis_url: str = "redis://localhost:6379/0"
     queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")] = "generate"
-    stream_prefix: Annotated[str, Field(min_length=1, max_length=200)] = "gen:"
+    stream_prefix: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]*$")] = "gen:"
     stream_ttl_s: PositiveInt = 3600
     engine: Literal["echo", "trtllm", "trtllm-executor"] = "echo"
     tokenizer: Path | None = None

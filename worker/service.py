@@ -30,7 +30,7 @@ from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases
 from worker.pipeline.pump import OutputPump
 from worker.pipeline.runner import JobRunner
-from worker.streams.connect import redis_client
+from worker.streams.connect import connect_redis
 from worker.streams.store import StreamStore
 from worker.tokenizer import tokenizer_for
 
@@ -81,11 +81,19 @@ class Service:
         log.info("starting the %s engine", settings.engine)
         engine = await start_engine(factory, settings.engine_start_timeout_s)
         self.metrics.capacity.set(engine.capacity)
+        try:
+            client = await connect_redis(
+                settings.redis_url, settings=settings, client_name="trtllm-worker"
+            )
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(
+                f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
+            ) from None
         self._store = store = StreamStore(
-            redis_client(settings.redis_url, settings=settings, client_name="trtllm-worker"),
-            ttl_s=settings.stream_ttl_s,
-            lease_ttl_s=settings.lease_ttl_s,
+            client, ttl_s=settings.stream_ttl_s, lease_ttl_s=settings.lease_ttl_s
         )
+        if store.cluster:
+            log.info("Redis Cluster at %s", redact_url(settings.redis_url))
         leases = Leases(store, worker_id=self.worker_id, ttl_s=settings.lease_ttl_s)
         self._pump = pump = OutputPump(settings, store, leases, self.metrics)
         intake = Intake(settings, tokenizer, engine.limits)

@@ -60,7 +60,7 @@ from worker.contract.job import (
     valid_request_id,
 )
 from worker.contract.stream import TERMINAL_EVENTS, deliveries_key, stream_key
-from worker.streams.connect import redis_client
+from worker.streams.connect import AnyRedis, connect_redis
 from worker.streams.store import mark_cancelled
 
 XREAD_BLOCK_MS = 2000
@@ -297,15 +297,8 @@ class Client:
         self.reconnects = 0
         """How many times a stream reader lost Redis and carried on."""
         self._settings = settings
-        self._redis = redis_client(
-            self.redis_url,
-            client_name=client_name,
-            settings=settings,
-            decode_responses=True,
-            socket_timeout_s=max(SOCKET_TIMEOUT_S, xread_block_ms / 1000 + 5),
-            retry=False,  # the stream reader retries itself, from the last entry id seen
-        )
-        self._reset_script = self._redis.register_script(RESET_FOR_REQUEUE)
+        self._redis_client: AnyRedis | None = None  # connected on first use
+        self._redis_lock = asyncio.Lock()
         self._client_name = client_name
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
@@ -342,7 +335,25 @@ class Client:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await connection.close()
-        await self._redis.aclose()
+        client, self._redis_client = self._redis_client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _redis(self) -> AnyRedis:
+        """The Redis client, connected on first use: a single node, or redis-py's
+        cluster client when the URL names a node of a Redis Cluster. Raises the
+        connection error when Redis does not answer."""
+        async with self._redis_lock:
+            if self._redis_client is None:
+                self._redis_client = await connect_redis(
+                    self.redis_url,
+                    client_name=self._client_name,
+                    settings=self._settings,
+                    decode_responses=True,
+                    socket_timeout_s=max(SOCKET_TIMEOUT_S, self.xread_block_ms / 1000 + 5),
+                    retry=False,  # the stream reader retries itself, from the last entry id
+                )
+            return self._redis_client
 
     # -- AMQP plumbing ------------------------------------------------------------------
 
@@ -424,7 +435,7 @@ class Client:
         (the cancel mark is also stored in Redis, so no running worker is needed)."""
         key = self.stream_key(request_id)
         with contextlib.suppress(RedisError, OSError):  # the broadcast below still goes out
-            await mark_cancelled(self._redis, key, self.stream_ttl_s)
+            await mark_cancelled(await self._redis(), key, self.stream_ttl_s)
         channel = await self._publisher()
         async with self._lock:
             if self._cancel_exchange is None:
@@ -453,7 +464,8 @@ class Client:
         last entry seen: no entry is lost or repeated."""
         key = self.stream_key(request_id)
         try:
-            await self._redis.ping()
+            client = await self._redis()
+            await client.ping()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise ServiceUnavailable(
                 f"cannot connect to Redis at {redact_url(self.redis_url)}: {_reason(exc)}"
@@ -464,7 +476,7 @@ class Client:
         delay = BACKOFF_INITIAL_S
         while True:
             try:
-                reply = await self._redis.xread(
+                reply = await client.xread(
                     {key: last_id}, block=self.xread_block_ms, count=XREAD_COUNT
                 )
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -567,7 +579,8 @@ class Client:
                     continue
                 if letter.request_id is not None:
                     key = self.stream_prefix + letter.request_id
-                    await self._reset_script(keys=[key, deliveries_key(key)])
+                    client = await self._redis()
+                    await client.eval(RESET_FOR_REQUEUE, 2, key, deliveries_key(key))
                 headers = {k: v for k, v in (message.headers or {}).items()}
                 for name in DROPPED_HEADERS:
                     headers.pop(name, None)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from worker.broker.connect import connect
 from worker.config import Settings, redact_url
 from worker.contract.errors import ConfigError
-from worker.streams.connect import redis_client, redis_version
+from worker.streams.connect import connect_redis, redis_version
 from worker.streams.store import StreamStore
 
 if TYPE_CHECKING:
@@ -131,11 +131,15 @@ def _amqp_reason(exc: BaseException) -> str:
 async def _check_redis(settings: Settings, report: Report) -> None:
     from redis.exceptions import RedisError
 
-    store = StreamStore(
-        redis_client(settings.redis_url, settings=settings, client_name=CHECK_NAME, retry=False),
-        ttl_s=settings.stream_ttl_s,
-    )
     where = redact_url(settings.redis_url)
+    try:
+        client = await connect_redis(
+            settings.redis_url, settings=settings, client_name=CHECK_NAME, retry=False
+        )
+    except (RedisError, OSError) as exc:
+        report.problem(f"Redis: cannot connect to Redis at {where}: {' '.join(str(exc).split())}")
+        return
+    store = StreamStore(client, ttl_s=settings.stream_ttl_s)
     try:
         await store.ping()
         version = await redis_version(store.client)
@@ -144,6 +148,8 @@ async def _check_redis(settings: Settings, report: Report) -> None:
         return
     finally:
         await store.close()
+    if store.cluster:
+        where += " (Redis Cluster)"
     major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
     if major and major < 5:
         report.problem(f"Redis {version} at {where}: streams need Redis 5 or later")

@@ -8,6 +8,7 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -77,7 +78,54 @@ def redis_client(
     return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
 
 
-async def redis_version(client: aioredis.Redis) -> str:
+AnyRedis = aioredis.Redis | RedisCluster
+"""A single node (or Sentinel's master) or a Redis Cluster: the calls the worker makes
+are the same on both; only batching differs (`StreamStore`)."""
+
+
+async def connect_redis(
+    url: str,
+    *,
+    settings: Settings | None = None,
+    client_name: str,
+    decode_responses: bool = False,
+    socket_timeout_s: float = 30.0,
+    retry: bool = True,
+) -> AnyRedis:
+    """Connect and find out what `url` names: a node of a Redis Cluster (`INFO cluster`
+    says `cluster_enabled:1`) gets redis-py's cluster client, which follows MOVED and
+    ASK; anything else the plain client. Raises the connection error when Redis does
+    not answer."""
+    plain = redis_client(
+        url,
+        settings=settings,
+        client_name=client_name,
+        decode_responses=decode_responses,
+        socket_timeout_s=socket_timeout_s,
+        retry=retry,
+    )
+    try:
+        info = await plain.info("cluster")
+    except BaseException:
+        await plain.aclose()
+        raise
+    if not (isinstance(info, dict) and str(info.get("cluster_enabled", "0")) == "1"):
+        return plain
+    await plain.aclose()
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses,
+        "client_name": client_name,
+        "health_check_interval": HEALTH_CHECK_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": socket_timeout_s,
+        **tls_options(url, settings),
+    }
+    cluster = RedisCluster.from_url(url, **options)
+    await cluster.initialize()
+    return cluster
+
+
+async def redis_version(client: AnyRedis) -> str:
     """The server's version, for start-up logs and `check`."""
     info = await client.info("server")
     version = info.get("redis_version", b"") if isinstance(info, dict) else b""

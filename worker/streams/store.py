@@ -14,13 +14,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 
 from worker.contract.errors import StreamUnusable
 from worker.contract.stream import (
@@ -176,17 +180,67 @@ class StreamState:
     cancelled: bool = False
 
 
-async def mark_cancelled(client: aioredis.Redis, key: str, ttl_s: int) -> None:
+async def mark_cancelled(client: aioredis.Redis | RedisCluster, key: str, ttl_s: int) -> None:
     """Remember a cancel for a request that may not have been taken yet (the worker's
     cancel listener and the SDK's `cancel` both store it)."""
     await client.set(cancel_key(key), b"1", ex=ttl_s)
 
 
+@dataclass(slots=True)
+class _Stream:
+    """One stream's part of a batch: its token entries as script arguments, its end."""
+
+    tokens: list[str | int | float] = field(default_factory=list)
+    end: tuple[str, Fields] | None = None
+
+
+def _per_stream(entries: Sequence[Entry]) -> dict[str, _Stream]:
+    streams: dict[str, _Stream] = {}
+    for key, seq_id, fields in entries:
+        stream = streams.get(key)
+        if stream is None:
+            stream = streams[key] = _Stream()
+        if fields["event"] == TOKEN and len(fields) <= _TOKEN_FIELDS:
+            stream.tokens += (
+                seq_id,
+                fields["index"],
+                fields["token_id"],
+                fields["text"],
+                fields.get("logprob", ""),
+            )
+        else:
+            stream.end = (seq_id, fields)
+    return streams
+
+
+def _write_call(
+    keys: list[str], streams: dict[str, _Stream], leases: Mapping[str, str], ttl_s: int
+) -> tuple[list[Any], list[Any]]:
+    """The `_WRITE` script's KEYS and ARGV for these streams."""
+    script_keys: list[Any] = []
+    args: list[Any] = [ttl_s]
+    for key in keys:
+        stream = streams[key]
+        script_keys += (key, lease_key(key))
+        args += (leases.get(key, ""), len(stream.tokens) // 5, *stream.tokens)
+        if stream.end is None:
+            args.append(0)
+        else:
+            seq_id, fields = stream.end
+            args += (1, seq_id, len(fields), *chain.from_iterable(fields.items()))
+    return script_keys, args
+
+
 class StreamStore:
     """All the worker's Redis I/O, on one client."""
 
-    def __init__(self, client: aioredis.Redis, *, ttl_s: int, lease_ttl_s: float = 10.0) -> None:
+    def __init__(
+        self, client: aioredis.Redis | RedisCluster, *, ttl_s: int, lease_ttl_s: float = 10.0
+    ) -> None:
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)
+        """On Redis Cluster one script may only touch keys of one hash slot: a batch is
+        split per slot (a request's keys share its stream's slot)."""
         self._ttl_s = ttl_s
         self._lease_ms = max(int(lease_ttl_s * 1000), 1)
         self._write = client.register_script(_WRITE)
@@ -209,44 +263,30 @@ class StreamStore:
         holds its lease). A terminal entry ends its stream (expiry, lease released).
         Returns the keys not written, with why: the fence refused, or Redis refused the
         key for good (it is not a stream). Raises on connection errors (then the batch
-        can be retried: ids make a retry idempotent)."""
+        can be retried: ids make a retry idempotent). On a cluster: one call per hash
+        slot, concurrently (redis-py refuses scripts in a cluster pipeline)."""
         if not entries:
             return {}
-        tokens: dict[str, list[str | int | float]] = {}
-        ends: dict[str, tuple[str, Fields]] = {}
-        for key, seq_id, fields in entries:
-            args = tokens.get(key)
-            if args is None:
-                args = tokens[key] = []
-            if fields["event"] == TOKEN and len(fields) <= _TOKEN_FIELDS:
-                args += (
-                    seq_id,
-                    fields["index"],
-                    fields["token_id"],
-                    fields["text"],
-                    fields.get("logprob", ""),
-                )
-            else:
-                ends[key] = (seq_id, fields)
-        keys: list[str] = []
-        flat: list[str | int | float] = [self._ttl_s]
-        for key, args in tokens.items():
-            keys += (key, lease_key(key))
-            flat += (leases.get(key, ""), len(args) // 5, *args)
-            end = ends.get(key)
-            if end is None:
-                flat.append(0)
-            else:
-                seq_id, fields = end
-                flat += (1, seq_id, len(fields), *chain.from_iterable(fields.items()))
-        results = await self._write(keys=keys, args=flat)
+        streams = _per_stream(entries)
+        groups = self._slot_groups(list(streams))
+        calls = [self._write(*_write_call(keys, streams, leases, self._ttl_s)) for keys in groups]
+        replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
         refused: dict[str, str] = {}
-        for key, result in zip(tokens, results, strict=True):
+        results = (result for reply in replies for result in reply)
+        for key, result in zip((k for keys in groups for k in keys), results, strict=True):
             if isinstance(result, bytes):
                 refused[key] = result.decode(errors="replace")
             elif result == LEASE_LOST:
                 refused[key] = "the lease was lost: another worker owns this request now"
         return refused
+
+    def _slot_groups(self, keys: list[str]) -> list[list[str]]:
+        if not self.cluster:
+            return [keys]
+        groups: dict[int, list[str]] = {}
+        for key in keys:
+            groups.setdefault(key_slot(key.encode()), []).append(key)
+        return list(groups.values())
 
     async def end(
         self, key: str, fields: Fields, lease: str = "", seq_id: str = AFTER_TAIL
@@ -282,19 +322,27 @@ class StreamStore:
         whose lease is no longer theirs."""
         if not leases:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for key, token in leases.items():
-            await self._renew(keys=[lease_key(key)], args=[token, self._lease_ms], client=pipe)
-        results = await pipe.execute()
+        calls = [(lease_key(key), [token, self._lease_ms]) for key, token in leases.items()]
+        results = await self._each(self._renew, calls)
         return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
+
+    async def _each(self, script: Any, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """One single-key script per call: pipelined on a single node, concurrent on a
+        cluster (whose pipelines take no scripts)."""
+        if self.cluster:
+            return list(await asyncio.gather(*(script(keys=[k], args=a) for k, a in calls)))
+        assert isinstance(self.client, aioredis.Redis)
+        pipe = self.client.pipeline(transaction=False)
+        for key, args in calls:
+            await script(keys=[key], args=args, client=pipe)
+        return list(await pipe.execute())
 
     async def release_leases(self, leases: Mapping[str, str]) -> None:
         if not leases:
             return
-        pipe = self.client.pipeline(transaction=False)
-        for key, token in leases.items():
-            await self._release(keys=[lease_key(key)], args=[token], client=pipe)
-        await pipe.execute()
+        await self._each(
+            self._release, [(lease_key(key), [token]) for key, token in leases.items()]
+        )
 
     # -- reading --------------------------------------------------------------------
 

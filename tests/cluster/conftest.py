@@ -1,0 +1,143 @@
+"""A local Redis Cluster started by the test suite: three masters on private ports and
+data folders, from the installed `redis-server` (never the shared Redis), stopped at
+the end by its own ports."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from tests.integration.conftest import XreadReply, amqp_channel, producer, run_worker, spawn
+
+__all__ = ["amqp_channel", "producer", "run_worker", "spawn"]  # the integration fixtures
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports whose cluster bus port (port + 10000) is free too."""
+    ports: list[int] = []
+    candidate = random.randrange(20000, 40000)
+    while len(ports) < count:
+        candidate += 1
+        if _free(candidate) and _free(candidate + 10000):
+            ports.append(candidate)
+    return ports
+
+
+@dataclass
+class LocalCluster:
+    ports: list[int]
+
+    @property
+    def url(self) -> str:
+        """Any node will do: the worker finds the others."""
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def client(self) -> RedisCluster:
+        return RedisCluster.from_url(self.url, decode_responses=True)
+
+
+def _wait_ok(ports: list[int], within_s: float = 30) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        states = [
+            subprocess.run(
+                ["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True, text=True
+            ).stdout
+            for p in ports
+        ]
+        if all("cluster_state:ok" in s for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the local Redis Cluster did not come up: {states}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("redis-server and redis-cli are needed for the local Redis Cluster")
+    root: Path = tmp_path_factory.mktemp("redis-cluster")
+    ports = free_ports(3)
+    started: list[int] = []
+    try:
+        for port in ports:
+            folder = root / str(port)
+            folder.mkdir()
+            subprocess.run(
+                [
+                    "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf"),
+                    "--dir", str(folder), "--save", "", "--appendonly", "no",
+                    "--daemonize", "yes", "--logfile", str(folder / "redis.log"),
+                ],
+                check=True,
+            )  # fmt: skip
+            started.append(port)
+        nodes = [f"127.0.0.1:{p}" for p in ports]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        _wait_ok(ports)
+        yield LocalCluster(ports)
+    finally:
+        for port in started:
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
+            )
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: LocalCluster) -> AsyncIterator[RedisCluster]:
+    client = redis_cluster.client()
+    await client.initialize()
+    yield client
+    await client.aclose()
+
+
+async def read_stream(
+    client: RedisCluster | aioredis.Redis, key: str, wait_s: float = 20
+) -> list[dict[str, str]]:
+    """One stream to its terminal entry, as a subscriber of a cluster reads it (one key
+    per XREAD: a multi-key XREAD would span slots)."""
+    entries: list[dict[str, str]] = []
+    last = "0"
+    async with asyncio.timeout(wait_s):
+        while True:
+            reply = cast(XreadReply, await client.xread({key: last}, block=1000, count=500))
+            for _, items in reply or []:
+                for entry_id, fields in items:
+                    last = entry_id
+                    entries.append(fields)
+                    if fields["event"] in ("done", "error"):
+                        return entries

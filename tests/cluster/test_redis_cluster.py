@@ -1,0 +1,169 @@
+"""The worker, the SDK and `check` on a real local Redis Cluster (three masters): the
+worker is given one node's URL, finds the cluster, and every request's keys (stream,
+lease, cancel mark) live in its stream's hash slot, so no request is refused with
+MOVED or CROSSSLOT and none ends as a dead letter for it."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable
+from typing import Any, cast
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+
+from tests.cluster.conftest import LocalCluster, read_stream
+from tests.integration.conftest import Producer, Spawn, WorkerFactory
+from worker.client import Client
+from worker.config import Settings
+from worker.contract.stream import lease_key
+
+pytestmark = pytest.mark.cluster
+
+
+def rid() -> str:
+    return f"rc-{uuid.uuid4().hex[:10]}"
+
+
+async def has_entries(client: RedisCluster, key: str, count: int) -> bool:
+    return int(await client.xlen(key)) >= count
+
+
+def texts(entries: list[dict[str, str]]) -> str:
+    return "".join(e["text"] for e in entries if e["event"] == "token")
+
+
+async def test_jobs_across_every_master(
+    redis_cluster: LocalCluster,
+    cluster_client: RedisCluster,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    names: dict[str, str],
+) -> None:
+    prefix = names["stream_prefix"]
+    jobs = {rid(): f"prompt {n} " for n in range(40)}
+    nodes = {getattr(cluster_client.get_node_from_key(prefix + r), "port", None) for r in jobs}
+    assert len(nodes) == 3, "test data: the streams must spread over every master"
+    async with run_worker(redis_url=redis_cluster.url, echo_step_ms=2) as worker:
+        assert worker._store is not None
+        assert worker._store.cluster
+        for request_id, prompt in jobs.items():
+            await producer.publish(
+                {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 30}}
+            )
+        results = {r: await read_stream(cluster_client, prefix + r) for r in jobs}
+    for request_id, entries in results.items():
+        done = entries[-1]
+        assert done["event"] == "done", done
+        assert [int(e["index"]) for e in entries[:-1]] == list(range(30))
+        assert texts(entries) == done["generated_text"]
+        key = prefix + request_id
+        assert key_slot(lease_key(key).encode()) == key_slot(key.encode())
+        assert await cluster_client.ttl(key) > 0
+
+
+async def test_cancel_deadline_and_dead_letter_on_the_cluster(
+    redis_cluster: LocalCluster,
+    cluster_client: RedisCluster,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    names: dict[str, str],
+) -> None:
+    prefix = names["stream_prefix"]
+    cancelled, late, invalid, early = rid(), rid(), rid(), rid()
+    async with run_worker(redis_url=redis_cluster.url, echo_step_ms=5):
+        await producer.cancel(early)  # before any worker took it: the mark in its slot
+        await producer.publish({"request_id": early, "inputs": "never"})
+        await producer.publish(
+            {"request_id": cancelled, "inputs": "abc", "parameters": {"max_new_tokens": 2000}}
+        )
+        await producer.publish(
+            {"request_id": late, "inputs": "x", "deadline": "2001-01-01T00:00:00Z"}
+        )
+        await producer.publish({"request_id": invalid, "inputs": "x", "colour": "red"})
+        while not await cluster_client.xlen(prefix + cancelled):
+            pass
+        await producer.cancel(cancelled)
+        ended = await read_stream(cluster_client, prefix + cancelled)
+        before = await read_stream(cluster_client, prefix + early)
+        deadline = await read_stream(cluster_client, prefix + late)
+        error = await read_stream(cluster_client, prefix + invalid)
+        dead = await producer.get_dead()
+    assert ended[-1].get("finish_reason") == "cancelled", ended[-1]
+    assert (before[-1]["finish_reason"], before[-1]["generated_tokens"]) == ("cancelled", "0")
+    assert deadline[-1]["code"] == "deadline_exceeded"
+    assert error[-1]["code"] == "invalid_request"
+    assert dead.headers is not None
+    assert dead.headers["x-error-code"] == "invalid_request"
+
+
+async def test_resume_after_kill_9_on_the_cluster(
+    redis_cluster: LocalCluster,
+    cluster_client: RedisCluster,
+    spawn: Spawn,
+    producer: Producer,
+    names: dict[str, str],
+) -> None:
+    request_id, prompt, n = rid(), "Resume on a cluster. ", 300
+    key = names["stream_prefix"] + request_id
+    first = await spawn(WORKER_ECHO_STEP_MS="10", WORKER_REDIS_URL=redis_cluster.url)
+    await producer.publish(
+        {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": n}}
+    )
+    while await cluster_client.xlen(key) < 30:
+        pass
+    first.signal(signal.SIGKILL)
+    assert await first.wait() == -signal.SIGKILL
+    stored = cast(list[tuple[str, dict[str, str]]], await cluster_client.xrange(key))
+    partial = [fields for _, fields in stored]
+    assert partial
+    assert partial[-1]["event"] == "token"
+    await spawn(WORKER_ECHO_STEP_MS="1", WORKER_REDIS_URL=redis_cluster.url)
+    entries = await read_stream(cluster_client, key, wait_s=60)
+    assert [int(e["index"]) for e in entries[:-1]] == list(range(n))
+    assert entries[: len(partial)] == partial
+    assert texts(entries) == entries[-1]["generated_text"] == (prompt * n)[:n]
+
+
+async def test_the_sdk_on_the_cluster(
+    redis_cluster: LocalCluster,
+    run_worker: WorkerFactory,
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(redis_url=redis_cluster.url)
+    async with run_worker(redis_url=redis_cluster.url), Client(settings) as client:
+        done = await client.generate("hello", {"max_new_tokens": 7})
+        request_id = await client.submit("abc", {"max_new_tokens": 2000})
+        events: list[Any] = []
+        async for event in client.stream(request_id):
+            events.append(event)
+            if len(events) == 3:
+                await client.cancel(request_id)
+    assert done.generated_text == "hellohe"
+    assert events[-1].finish_reason == "cancelled"
+
+
+async def test_check_finds_the_cluster(
+    redis_cluster: LocalCluster,
+    make_settings: Callable[..., Settings],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from worker.ops.check import Report, _check_redis
+
+    report = Report()
+    await _check_redis(make_settings(redis_url=redis_cluster.url), report)
+    out = capsys.readouterr().out
+    assert report.problems == 0, out
+    assert "(Redis Cluster)" in out
+
+
+def test_a_stream_prefix_with_braces_is_refused() -> None:
+    """Braces in the prefix would make it the hash tag and put every request's keys in
+    one slot, or split a request's keys from its stream's slot."""
+    from worker.config import load_settings
+    from worker.contract.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="WORKER_STREAM_PREFIX"):
+        load_settings(stream_prefix="{gen}:")
