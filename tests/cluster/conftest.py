@@ -5,6 +5,7 @@ the end by its own ports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import socket
@@ -18,6 +19,9 @@ from typing import cast
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ClusterDownError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tests.integration.conftest import XreadReply, amqp_channel, producer, run_worker, spawn
 
@@ -66,19 +70,35 @@ def _wait_ok(ports: list[int], within_s: float = 30) -> None:
             ).stdout
             for p in ports
         ]
-        if all("cluster_state:ok" in s for s in states):
+        replication = [
+            subprocess.run(
+                ["redis-cli", "-p", str(p), "info", "replication"], capture_output=True, text=True
+            ).stdout
+            for p in ports
+        ]
+        # a replica that has not synced with its master yet would not take over from it
+        synced = all("role:slave" not in r or "master_link_status:up" in r for r in replication)
+        replicas_known = all(
+            "connected_slaves:0" not in r for r in replication if "role:master" in r
+        )
+        if (
+            all("cluster_state:ok" in s for s in states)
+            and synced
+            and (len(ports) == 3 or replicas_known)
+        ):
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"the local Redis Cluster did not come up: {states}")
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@contextlib.contextmanager
+def local_cluster(root: Path, masters: int, replicas: int) -> Iterator[LocalCluster]:
+    """Start `masters * (1 + replicas)` cluster nodes and join them; stop them all at
+    the end, each by its own port (a node already down is skipped)."""
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.fail("redis-server and redis-cli are needed for the local Redis Cluster")
-    root: Path = tmp_path_factory.mktemp("redis-cluster")
-    ports = free_ports(3)
+    ports = free_ports(masters * (1 + replicas))
     started: list[int] = []
     try:
         for port in ports:
@@ -88,26 +108,20 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
                 [
                     "redis-server", "--port", str(port), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf"),
-                    "--dir", str(folder), "--save", "", "--appendonly", "no",
-                    "--daemonize", "yes", "--logfile", str(folder / "redis.log"),
+                    "--cluster-node-timeout", "1500", "--dir", str(folder), "--save", "",
+                    "--appendonly", "no", "--daemonize", "yes",
+                    "--logfile", str(folder / "redis.log"),
                 ],
                 check=True,
             )  # fmt: skip
             started.append(port)
         nodes = [f"127.0.0.1:{p}" for p in ports]
         subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *nodes,
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
+            ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", str(replicas),
+             "--cluster-yes"],
             check=True,
             capture_output=True,
-        )
+        )  # fmt: skip
         _wait_ok(ports)
         yield LocalCluster(ports)
     finally:
@@ -115,6 +129,13 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
             subprocess.run(
                 ["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True
             )
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three masters, shared by the tests that do not break it."""
+    with local_cluster(tmp_path_factory.mktemp("redis-cluster"), 3, 0) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -134,7 +155,12 @@ async def read_stream(
     last = "0"
     async with asyncio.timeout(wait_s):
         while True:
-            reply = cast(XreadReply, await client.xread({key: last}, block=1000, count=500))
+            try:
+                reply = cast(XreadReply, await client.xread({key: last}, block=1000, count=500))
+            except (RedisConnectionError, ClusterDownError, RedisTimeoutError):
+                # a failover in progress: as a subscriber does, read again from `last`
+                await asyncio.sleep(0.1)
+                continue
             for _, items in reply or []:
                 for entry_id, fields in items:
                     last = entry_id
