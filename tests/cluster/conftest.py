@@ -48,9 +48,72 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def redis_cli(port: int, *args: str) -> str:
+    """One command to one node, as an operator would type it ('' when it is down)."""
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True
+    ).stdout
+
+
 @dataclass
 class LocalCluster:
     ports: list[int]
+
+    def pid(self, port: int) -> int:
+        info = redis_cli(port, "info", "server")
+        return int(info.split("process_id:")[1].split()[0])
+
+    def answers(self, port: int) -> bool:
+        return redis_cli(port, "ping").strip() == "PONG"
+
+    def replica_of(self, port: int) -> int:
+        """The port of the replica of the master on `port`."""
+        master_id = redis_cli(port, "cluster", "myid").strip()
+        for other in self.ports:
+            line = next(
+                (
+                    line
+                    for line in redis_cli(other, "cluster", "nodes").splitlines()
+                    if "myself" in line.split()[2]
+                ),
+                "",
+            )
+            if line and line.split()[3] == master_id:
+                return other
+        raise AssertionError(f"the master on port {port} has no replica")
+
+    def wait_role(self, port: int, role: str, within_s: float = 30) -> None:
+        """Until the node on `port` says it is `role` ('master' once a failover ends)."""
+        deadline = time.monotonic() + within_s
+        while redis_cli(port, "role").split("\n")[0].strip() != role:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the node on port {port} did not become {role}")
+            time.sleep(0.1)
+        _wait_state_ok([p for p in self.ports if self.answers(p)], within_s)
+
+    def slot_count(self, port: int) -> int:
+        own = 0
+        for line in redis_cli(port, "cluster", "nodes").splitlines():
+            fields = line.split()
+            if "myself" in fields[2]:
+                for span in fields[8:]:
+                    if span.startswith("["):
+                        continue
+                    low, _, high = span.partition("-")
+                    own += int(high or low) - int(low) + 1
+        return own
+
+    def reshard(self, source: int, target: int, slots: int) -> None:
+        """Move `slots` slots from the master on `source` to the one on `target` with
+        `redis-cli --cluster reshard`, keys and all, as an operator does."""
+        ids = [redis_cli(p, "cluster", "myid").strip() for p in (source, target)]
+        subprocess.run(
+            ["redis-cli", "--cluster", "reshard", f"127.0.0.1:{source}",
+             "--cluster-from", ids[0], "--cluster-to", ids[1],
+             "--cluster-slots", str(slots), "--cluster-yes"],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
 
     @property
     def url(self) -> str:
@@ -59,6 +122,14 @@ class LocalCluster:
 
     def client(self) -> RedisCluster:
         return RedisCluster.from_url(self.url, decode_responses=True)
+
+
+def _wait_state_ok(ports: list[int], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while not all("cluster_state:ok" in redis_cli(p, "cluster", "info") for p in ports):
+        if time.monotonic() > deadline:
+            raise AssertionError("the local Redis Cluster did not recover")
+        time.sleep(0.1)
 
 
 def _wait_ok(ports: list[int], within_s: float = 30) -> None:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.config import Settings
 
@@ -18,20 +19,45 @@ CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_S = 10
 
 
-class _HiredisPacking:
-    """redis-py's asyncio connections pack commands in Python, one argument at a time:
-    on the hot path (ten arguments per token) that was the worker's largest cost. hiredis
-    packs a whole command in C."""
+class _WorkerConnection:
+    """What the worker changes in redis-py's asyncio connections.
+
+    - Packing: redis-py packs commands in Python, one argument at a time; on the hot path
+      (ten arguments per token) that was the worker's largest cost. hiredis packs a whole
+      command in C.
+    - A connection closed under a command (redis-py 8.1: the cluster client closes every
+      node's connections when it re-reads the topology, while other tasks use them; or
+      the peer reset it) fails with `AttributeError`/`TypeError` from the closed writer
+      or reader (redis/redis-py#4287, #3546). That is a lost connection: it is raised as
+      `ConnectionError`, which every retry (redis-py's and the worker's) knows."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str) and " " in args[0]:  # e.g. "SCRIPT LOAD"
             args = (*args[0].split(), *args[1:])
         return [hiredis.pack_command(args)]
 
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]
+        except (AttributeError, TypeError) as exc:
+            raise await self._lost(exc) from exc
 
-def _hiredis_packing(connection_class: type[Any]) -> type[Any]:
-    """The pool's connection class (plain, TLS or unix socket) packing with hiredis."""
-    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except (AttributeError, TypeError) as exc:
+            raise await self._lost(exc) from exc
+
+    async def _lost(self, exc: Exception) -> RedisConnectionError:
+        await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+        return RedisConnectionError(f"the connection was closed under a command ({exc!r})")
+
+
+def _worker_connection(connection_class: type[Any]) -> type[Any]:
+    """The pool's connection class (plain, TLS or unix socket) with the worker's changes."""
+    if issubclass(connection_class, _WorkerConnection):
+        return connection_class
+    return type(f"Worker{connection_class.__name__}", (_WorkerConnection, connection_class), {})
 
 
 def tls_options(url: str, settings: Settings | None) -> dict[str, Any]:
@@ -74,7 +100,7 @@ def redis_client(
     if not retry:
         options["retry"] = Retry(NoBackoff(), 0)
     pool = aioredis.ConnectionPool.from_url(url, **options)
-    pool.connection_class = _hiredis_packing(pool.connection_class)
+    pool.connection_class = _worker_connection(pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
 
 
@@ -121,8 +147,20 @@ async def connect_redis(
         **tls_options(url, settings),
     }
     cluster = RedisCluster.from_url(url, **options)
+    _use_worker_connections(cluster)
     await cluster.initialize()
     return cluster
+
+
+def _use_worker_connections(cluster: RedisCluster) -> None:
+    """redis-py's cluster client takes no connection class: every node it creates gets
+    the manager's connection options, so the class is set there (and on the nodes it
+    starts from)."""
+    manager = cluster.nodes_manager
+    connection_class = _worker_connection(manager.connection_kwargs["connection_class"])
+    manager.connection_kwargs["connection_class"] = connection_class
+    for node in manager.startup_nodes.values():
+        node.connection_class = connection_class
 
 
 async def redis_version(client: AnyRedis) -> str:

@@ -10,11 +10,12 @@
 - One function ends a stream, `end_stream` in the script: the terminal entry, the TTL
   and the lease release happen together or not at all.
 - One script call per batch of engine outputs for all its streams (a call per stream
-  cost Redis more than the appends); token entries travel without their field names."""
+  cost Redis more than the appends); token entries travel without their field names.
+  On Redis Cluster a script may only touch one hash slot: one call per slot, sent as
+  one pipeline per node."""
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
 from redis.crc import key_slot
+from redis.exceptions import NoScriptError
 
 from worker.contract.errors import StreamUnusable
 from worker.contract.stream import (
@@ -156,6 +159,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+ScriptCall = tuple[Sequence[Any], Sequence[Any]]
+"""A script's KEYS and ARGV."""
+
 Entry = tuple[str, str, Fields]
 """(stream key, entry id, fields): one entry to append."""
 
@@ -264,13 +270,16 @@ class StreamStore:
         Returns the keys not written, with why: the fence refused, or Redis refused the
         key for good (it is not a stream). Raises on connection errors (then the batch
         can be retried: ids make a retry idempotent). On a cluster: one call per hash
-        slot, concurrently (redis-py refuses scripts in a cluster pipeline)."""
+        slot, pipelined per node (`_pipelined`)."""
         if not entries:
             return {}
         streams = _per_stream(entries)
         groups = self._slot_groups(list(streams))
-        calls = [self._write(*_write_call(keys, streams, leases, self._ttl_s)) for keys in groups]
-        replies = await asyncio.gather(*calls) if len(calls) > 1 else [await calls[0]]
+        calls = [_write_call(keys, streams, leases, self._ttl_s) for keys in groups]
+        if self.cluster:
+            replies = await self._pipelined(self._write, calls)
+        else:
+            replies = [await self._write(*calls[0])]
         refused: dict[str, str] = {}
         results = (result for reply in replies for result in reply)
         for key, result in zip((k for keys in groups for k in keys), results, strict=True):
@@ -326,11 +335,29 @@ class StreamStore:
         results = await self._each(self._renew, calls)
         return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
 
-    async def _each(self, script: Any, calls: list[tuple[str, list[Any]]]) -> list[Any]:
-        """One single-key script per call: pipelined on a single node, concurrent on a
-        cluster (whose pipelines take no scripts)."""
+    async def _pipelined(self, script: AsyncScript, calls: Sequence[ScriptCall]) -> list[Any]:
+        """One call of `script` per (keys, args) in redis-py's cluster pipeline, which
+        sends each node its calls in one pipeline, all nodes at once, and follows MOVED,
+        ASK and TRYAGAIN. That pipeline refuses `evalsha()` (it could not load a missing
+        script on the right node), so EVALSHA is sent as a plain command and a NOSCRIPT
+        (a node that never saw the script: a new master, a restarted one) loads it on
+        every master and runs the calls again: they are idempotent."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                await self.client.script_load(script.script)
+        raise AssertionError("unreachable")
+
+    async def _each(self, script: AsyncScript, calls: list[tuple[str, list[Any]]]) -> list[Any]:
+        """One single-key script per call, pipelined (per node on a cluster)."""
         if self.cluster:
-            return list(await asyncio.gather(*(script(keys=[k], args=a) for k, a in calls)))
+            return await self._pipelined(script, [([key], args) for key, args in calls])
         assert isinstance(self.client, aioredis.Redis)
         pipe = self.client.pipeline(transaction=False)
         for key, args in calls:
