@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     amqp_ca_file: Path | None = None
     amqp_cert_file: Path | None = None
     amqp_key_file: Path | None = None
+    redis_sentinels: str | None = None
+    redis_sentinel_master: Annotated[str, Field(min_length=1)] = "mymaster"
+    redis_sentinel_password: str | None = None
+    redis_min_replicas: Annotated[int, Field(ge=0, le=16)] = 0
     redis_ca_file: Path | None = None
     redis_cert_file: Path | None = None
     redis_key_file: Path | None = None
@@ -89,6 +93,13 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
         return _check_url(value, ("redis", "rediss", "unix"))
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinel_addresses(cls, value: str | None) -> str | None:
+        if value is not None:
+            sentinel_addresses(value)
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -157,6 +168,23 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     except ValueError:
         raise ValueError("the port is not a number in 0..65535") from None
     return value
+
+
+def sentinel_addresses(value: str) -> list[tuple[str, int]]:
+    """`host:port,host:port` (port 26379 when left out) as (host, port) pairs."""
+    addresses: list[tuple[str, int]] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, "26379"
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r} is not host:port")
+        addresses.append((host.strip("[]"), int(port)))
+    if not addresses:
+        raise ValueError("no Sentinel address given")
+    return addresses
 
 
 def redact_url(url: str) -> str:

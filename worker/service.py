@@ -14,7 +14,6 @@ import time
 import uuid
 
 from prometheus_client import disable_created_metrics
-from redis.exceptions import RedisError
 
 from worker.broker.cancel import CancelListener
 from worker.broker.consumer import Consumer
@@ -30,7 +29,7 @@ from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases
 from worker.pipeline.pump import OutputPump
 from worker.pipeline.runner import JobRunner
-from worker.streams.connect import connect_redis
+from worker.streams.connect import REDIS_FAILURES, connect_redis
 from worker.streams.store import StreamStore
 from worker.tokenizer import tokenizer_for
 
@@ -85,12 +84,15 @@ class Service:
             client = await connect_redis(
                 settings.redis_url, settings=settings, client_name="trtllm-worker"
             )
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             raise ConnectionError(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
         self._store = store = StreamStore(
-            client, ttl_s=settings.stream_ttl_s, lease_ttl_s=settings.lease_ttl_s
+            client,
+            ttl_s=settings.stream_ttl_s,
+            lease_ttl_s=settings.lease_ttl_s,
+            min_replicas=settings.redis_min_replicas,
         )
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))
@@ -116,7 +118,7 @@ class Service:
         self.supervisor.start("leases", runner.keep_leases())
         try:
             await store.ping()
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             raise ConnectionError(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
@@ -257,7 +259,7 @@ class Service:
             await asyncio.sleep(REDIS_CHECK_S)
             try:
                 up = await self._store.ping()
-            except (RedisError, OSError):
+            except REDIS_FAILURES:
                 up = False
             if up != self.redis_up and self._consumer is not None and not self.draining:
                 await (self._consumer.resume() if up else self._consumer.pause())

@@ -124,6 +124,15 @@ class LocalCluster:
         return RedisCluster.from_url(self.url, decode_responses=True)
 
 
+def _wait_answering(ports: list[int], within_s: float = 10) -> None:
+    """`--daemonize yes` returns before the node listens."""
+    deadline = time.monotonic() + within_s
+    while not all(redis_cli(p, "ping").strip() == "PONG" for p in ports):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the Redis nodes on {ports} do not answer")
+        time.sleep(0.05)
+
+
 def _wait_state_ok(ports: list[int], within_s: float) -> None:
     deadline = time.monotonic() + within_s
     while not all("cluster_state:ok" in redis_cli(p, "cluster", "info") for p in ports):
@@ -186,13 +195,16 @@ def local_cluster(root: Path, masters: int, replicas: int) -> Iterator[LocalClus
                 check=True,
             )  # fmt: skip
             started.append(port)
+        _wait_answering(ports)
         nodes = [f"127.0.0.1:{p}" for p in ports]
-        subprocess.run(
+        created = subprocess.run(
             ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", str(replicas),
              "--cluster-yes"],
-            check=True,
             capture_output=True,
+            text=True,
         )  # fmt: skip
+        if created.returncode:
+            raise AssertionError(f"redis-cli --cluster create failed: {created.stdout}")
         _wait_ok(ports)
         yield LocalCluster(ports)
     finally:

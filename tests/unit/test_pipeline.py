@@ -18,7 +18,7 @@ from worker.broker.settle import Settler, outcome_of
 from worker.config import Settings
 from worker.contract.errors import DeadlineExceeded, HandBack, StreamUnusable
 from worker.contract.job import Job
-from worker.contract.stream import FinishReason, error_fields, lease_key
+from worker.contract.stream import Fields, FinishReason, error_fields, lease_key
 from worker.engine.base import EngineOutput, EngineRequest
 from worker.engine.looper import Looper
 from worker.ops.metrics import Metrics
@@ -27,7 +27,7 @@ from worker.pipeline.leases import Leases
 from worker.pipeline.pump import OutputPump
 from worker.pipeline.runner import JobRunner
 from worker.streams.connect import redis_client
-from worker.streams.store import AFTER_TAIL, Ended, StreamStore
+from worker.streams.store import AFTER_TAIL, ENTRIES_LOST_REASON, Ended, StreamStore
 from worker.tokenizer import load_tokenizer
 
 
@@ -119,6 +119,36 @@ async def test_an_unleased_end_never_overwrites_a_stream_another_worker_owns(
     assert [e["event"] for e in await entries(redis, key)] == ["token", "error"]
     assert await store.end(key, error_fields("invalid_request", "again")) is Ended.ALREADY_ENDED
     assert 0 < await redis.ttl(key) <= 60
+
+
+async def keep_only(redis: aioredis.Redis, key: str, count: int) -> None:
+    """The stream as a promoted replica holds it when it never got the entries after the
+    first `count` (XDEL would not do: the stream would remember its last id)."""
+    kept = cast(list[tuple[str, dict[str, str]]], await redis.xrange(key, count=count))
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        for entry_id, fields in kept:
+            pipe.xadd(key, cast(Any, fields), id=entry_id)
+        await pipe.execute()
+
+
+async def test_a_stream_that_lost_entries_is_not_written_on(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """After a failover that lost writes (the promoted replica never got 0-2 and 0-3),
+    writing 0-4 would leave a hole in the indices: the fence refuses it."""
+    key = prefix + "gap"
+    await store.start(key, "t")
+    batch = [(key, *token(i, 97 + i, "abc"[i])) for i in range(3)]
+    assert await store.write(batch, {key: "t"}) == {}
+    await keep_only(redis, key, 1)  # what the new master holds
+    refused = await store.write([(key, *token(3, 100, "d"))], {key: "t"})
+    assert refused == {key: ENTRIES_LOST_REASON}
+    done: Fields = {"event": "done", "finish_reason": "length", "generated_tokens": 4}
+    assert await store.end(key, done, "t", "0-5") is Ended.ENTRIES_LOST
+    assert [e["index"] for e in await entries(redis, key)] == ["0"]
+    # the stream as it is can be continued: the next entry is 0-2
+    assert await store.write([(key, *token(1, 98, "b"))], {key: "t"}) == {}
 
 
 async def test_a_key_that_is_not_a_stream_is_refused_for_good(
@@ -322,6 +352,33 @@ async def test_a_lost_lease_hands_the_job_back_and_stops_its_writes(
     assert await entries(redis, key) == []
     assert pipeline.looper.cancelled == [request.id]  # out of the engine too
     assert len(pipeline.pump) == 0
+
+
+async def test_lost_entries_hand_the_job_back_to_resume_from_the_stream(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    key = prefix + "r7"
+    run = asyncio.create_task(pipeline.runner.run(job("r7", parameters={"max_new_tokens": 4}), 0))
+    request = await pipeline.submitted()
+    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98])], 0)
+    while await redis.xlen(key) < 2:
+        await pipeline.pump.wait_background()
+    await keep_only(redis, key, 1)  # a failover lost the last write
+    pipeline.pump.on_outputs([EngineOutput(request.id, [99])], 0)
+    with pytest.raises(HandBack, match="resumes from what the stream holds"):
+        await run
+    assert pipeline.looper.cancelled == [request.id]
+    assert not await redis.exists(lease_key(key))  # released for the next taker
+    again = asyncio.create_task(pipeline.runner.run(job("r7", parameters={"max_new_tokens": 4}), 0))
+    resumed = await pipeline.submitted()
+    assert resumed.resumed_tokens == 1
+    pipeline.pump.on_outputs(
+        [EngineOutput(resumed.id, [98, 99, 97], finish=FinishReason.LENGTH)], 0
+    )
+    await again
+    stored = await entries(redis, key)
+    assert [e["index"] for e in stored[:-1]] == ["0", "1", "2", "3"]
+    assert stored[-1]["generated_text"] == "abca"
 
 
 async def test_hand_back_all_releases_the_leases(

@@ -9,12 +9,12 @@ import logging
 from collections.abc import Callable
 
 from aio_pika.abc import AbstractIncomingMessage
-from redis.exceptions import RedisError
 
 from worker.config import Settings
 from worker.contract.job import parse_cancel
 from worker.contract.stream import stream_key
 from worker.ops.log import about
+from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -54,5 +54,5 @@ class CancelListener:
         log.info("cancel%s", " (running here)" if here else "", extra=about(request_id))
         try:
             await self._store.mark_cancelled(stream_key(self._settings.stream_prefix, request_id))
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning("could not store the cancel mark: %s", exc, extra=about(request_id))

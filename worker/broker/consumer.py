@@ -16,7 +16,6 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from redis.exceptions import RedisError
 
 from worker.broker.cancel import CancelListener
 from worker.broker.connect import connect_robust
@@ -29,6 +28,7 @@ from worker.ops.log import request_id_var
 from worker.ops.metrics import Metrics
 from worker.pipeline.intake import Intake
 from worker.pipeline.runner import JobResult
+from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ class Consumer:
                 request_id_var.set(error.request_id)
             if isinstance(exc, WorkerError):
                 log.info("%s: %s: %s", _VERB[outcome.action], error.code, error.message)
-            elif isinstance(exc, RedisError | OSError):
+            elif isinstance(exc, REDIS_FAILURES):
                 log.warning("Redis failed (%s); the job goes back to the queue", exc)
             else:
                 log.exception("the job failed unexpectedly; it goes back to the queue")

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from redis.exceptions import RedisError
 
 from worker.broker.messages import persistent_copy
 from worker.config import Settings
@@ -21,6 +20,7 @@ from worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerErr
 from worker.contract.job import valid_request_id
 from worker.contract.stream import error_fields, stream_key
 from worker.ops.metrics import Metrics
+from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import Ended, StreamStore
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 CONFIRM_TIMEOUT_S = 15.0
 MAX_HEADER_MESSAGE = 1000
 _AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError, TimeoutError)
+_FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, *_AMQP_FAILURES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ def outcome_of(exc: Exception) -> Outcome:
     fails ends in the dead-letter queue after the limit)."""
     if isinstance(exc, WorkerError):
         return Outcome(exc.action, exc)
-    if isinstance(exc, RedisError | OSError):
+    if isinstance(exc, REDIS_FAILURES):
         return Outcome(Action.RETRY, RetryLater(f"Redis failed: {exc}"))
     return Outcome(Action.RETRY, RetryLater(f"{type(exc).__name__}: {exc}"))
 
@@ -78,7 +79,7 @@ class Settler:
                 await self._error_entry(message, error)
             if action is Action.DEAD_LETTER and error is not None:
                 await self._dead_letter(message, error)
-        except (RedisError, OSError, *_AMQP_FAILURES) as exc:
+        except _FAILURES as exc:
             log.warning("%s failed (%s); the message goes back", action.value, exc)
             action = Action.RETRY
         if error is not None and action is Action.ACK:

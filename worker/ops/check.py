@@ -132,6 +132,10 @@ async def _check_redis(settings: Settings, report: Report) -> None:
     from redis.exceptions import RedisError
 
     where = redact_url(settings.redis_url)
+    if settings.redis_sentinels:
+        where = (
+            f"the master {settings.redis_sentinel_master!r} of Sentinels {settings.redis_sentinels}"
+        )
     try:
         client = await connect_redis(
             settings.redis_url, settings=settings, client_name=CHECK_NAME, retry=False
@@ -139,6 +143,11 @@ async def _check_redis(settings: Settings, report: Report) -> None:
     except (RedisError, OSError) as exc:
         report.problem(f"Redis: cannot connect to Redis at {where}: {' '.join(str(exc).split())}")
         return
+    if settings.redis_sentinels:
+        pool = getattr(client, "connection_pool", None)
+        address = getattr(pool, "master_address", None)
+        if address:
+            where += f", now at {address[0]}:{address[1]}"
     store = StreamStore(client, ttl_s=settings.stream_ttl_s)
     try:
         await store.ping()

@@ -10,9 +10,8 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from redis.exceptions import RedisError
-
 from worker.contract.errors import HandBack
+from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import StreamState, StreamStore
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ class Leases:
         for them to expire (they do expire on their own when this fails)."""
         try:
             await self._store.release_leases(leases)
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             log.debug("releasing %d leases failed: %s", len(leases), exc)
 
     async def keep(self, on_lost: OnLost) -> None:
@@ -99,7 +98,7 @@ class Leases:
         leases = self.snapshot()
         try:
             lost = await self._store.renew_leases(leases)
-        except (RedisError, OSError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning("renewing %d leases failed: %s", len(leases), exc)
             return
         for key in lost:

@@ -11,8 +11,6 @@ import logging
 import time
 from collections.abc import Iterator
 
-from redis.exceptions import RedisError
-
 from worker.config import Settings
 from worker.contract.errors import HandBack, StreamUnusable, WorkerError
 from worker.engine.base import EngineOutput
@@ -21,7 +19,8 @@ from worker.ops.log import about
 from worker.ops.metrics import Metrics
 from worker.pipeline.leases import Leases, lease_lost
 from worker.pipeline.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
-from worker.streams.store import StreamStore
+from worker.streams.connect import REDIS_FAILURES
+from worker.streams.store import ENTRIES_LOST_REASON, LEASE_LOST_REASON, StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +157,7 @@ class OutputPump:
             started = time.perf_counter()
             try:
                 refused = await self._store.write(batch.entries, leases)
-            except (RedisError, OSError) as exc:
+            except REDIS_FAILURES as exc:
                 self.redis_healthy = False
                 buffered = len(batch.entries) + len(self._inbox)
                 if buffered > self._settings.redis_buffer_entries:
@@ -178,7 +177,8 @@ class OutputPump:
 
     def _fail_refused(self, refused: dict[str, str], batch: ProcessedBatch) -> None:
         """Requests whose writes were refused stop here: a lost lease hands the job back
-        (another worker owns it now); a key Redis refuses for good (not a stream)
+        (another worker owns it now), so do lost entries (it resumes from the stream's
+        tail, as after a crash); a key Redis refuses for good (not a stream)
         dead-letters it with the reason."""
         states = [s for s in self._running.values() if s.key in refused]
         states += [s for s, _ in batch.finished if s.key in refused]
@@ -186,9 +186,11 @@ class OutputPump:
             reason = refused[state.key]
             log.warning("not written: %s", reason, extra=about(state.request_id))
             error: WorkerError
-            if reason.startswith("the lease was lost"):
+            if reason == LEASE_LOST_REASON:
                 self._leases.forget(state.key)
                 error = lease_lost(state.request_id)
+            elif reason == ENTRIES_LOST_REASON:
+                error = HandBack(reason, request_id=state.request_id)
             else:
                 error = StreamUnusable(
                     f"stream key {state.key!r} cannot be written: {reason}",

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from worker.config import Settings
 from worker.contract.errors import DeadlineExceeded, HandBack, WorkerError
 from worker.contract.job import Job, metadata_json
@@ -26,7 +23,8 @@ from worker.pipeline.intake import Intake, PreparedInput
 from worker.pipeline.leases import Leases, lease_lost
 from worker.pipeline.output import RequestState, Terminal
 from worker.pipeline.pump import RETRY_MAX_S, OutputPump
-from worker.streams.store import Ended, StreamState, StreamStore
+from worker.streams.connect import REDIS_UNAVAILABLE
+from worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamState, StreamStore
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +115,7 @@ class JobRunner:
         while True:
             try:
                 return await call()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except REDIS_UNAVAILABLE as exc:
                 if self._stopping:
                     raise HandBack("Redis is unreachable and the worker is stopping") from exc
                 self._pump.redis_healthy = False
@@ -225,6 +223,8 @@ class JobRunner:
         )
         if ended is Ended.NOT_OURS:
             raise lease_lost(state.request_id)
+        if ended is Ended.ENTRIES_LOST:
+            raise HandBack(ENTRIES_LOST_REASON, request_id=state.request_id)
         self._leases.forget(state.key)
         return JobResult(terminal)
 

@@ -9,11 +9,48 @@ from typing import Any
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import (
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from worker.config import Settings
+from worker.config import Settings, sentinel_addresses
+
+
+class NotReplicated(RedisError):
+    """Writes reached the master but not the replicas `WORKER_REDIS_MIN_REPLICAS` asks
+    for: a job must not be acknowledged on them yet (a failover now would lose them).
+    Retried like Redis being unreachable; the writes are idempotent."""
+
+
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    NotReplicated,
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,  # CLUSTERDOWN, a master down, redirections without end
+    AskError,  # and MovedError: a slot moving that redis-py did not follow to its end
+    TryAgainError,
+    RedisClusterException,  # e.g. SlotNotCoveredError: no master known for a slot yet
+)
+"""Redis unreachable or being reconfigured (a failover, a resharding): retried with the
+job in hand, never counted as a failed delivery."""
+
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
+"""Everything a Redis call can raise that is Redis' doing, not the worker's (redis-py's
+cluster errors are not all `RedisError`s)."""
 
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_S = 10
@@ -104,6 +141,66 @@ def redis_client(
     return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
 
 
+class _SentinelMaster(aioredis.Redis):
+    """The master's client; closing it closes its connections to the Sentinels too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for client in getattr(manager, "sentinels", ()):
+            await client.aclose()
+
+
+def sentinel_master(
+    url: str,
+    settings: Settings,
+    *,
+    client_name: str,
+    decode_responses: bool = False,
+    socket_timeout_s: float = 30.0,
+    retry: bool = True,
+) -> aioredis.Redis:
+    """A client of the master Sentinel names for `WORKER_REDIS_SENTINEL_MASTER`. Every
+    new connection asks the Sentinels (the first that answers) where the master is; a
+    connection to a demoted master (READONLY) is dropped and reconnects to the new one.
+    `url` gives the scheme (`rediss://`: TLS to the master and the Sentinels), the user,
+    password and database; its host and port are not used."""
+    assert settings.redis_sentinels is not None
+    target = parse_url(url)
+    tls = url.startswith("rediss://")
+    tls_files = tls_options(url, settings)
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses,
+        "client_name": client_name,
+        "health_check_interval": HEALTH_CHECK_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": socket_timeout_s,
+        "retry_on_timeout": False,
+        "username": target.get("username"),
+        "password": target.get("password"),
+        "db": target.get("db", 0),
+        "connection_class": _worker_connection(
+            SentinelManagedSSLConnection if tls else SentinelManagedConnection
+        ),
+        **tls_files,
+    }
+    if not retry:
+        options["retry"] = Retry(NoBackoff(), 0)
+    sentinel_options: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": CONNECT_TIMEOUT_S,
+        "password": settings.redis_sentinel_password,
+        **({"ssl": True, **tls_files} if tls else {}),
+    }
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel_addresses(settings.redis_sentinels), sentinel_kwargs=sentinel_options
+    )
+    master: aioredis.Redis = sentinel.master_for(
+        settings.redis_sentinel_master, redis_class=_SentinelMaster, **options
+    )
+    return master
+
+
 AnyRedis = aioredis.Redis | RedisCluster
 """A single node (or Sentinel's master) or a Redis Cluster: the calls the worker makes
 are the same on both; only batching differs (`StreamStore`)."""
@@ -120,8 +217,23 @@ async def connect_redis(
 ) -> AnyRedis:
     """Connect and find out what `url` names: a node of a Redis Cluster (`INFO cluster`
     says `cluster_enabled:1`) gets redis-py's cluster client, which follows MOVED and
-    ASK; anything else the plain client. Raises the connection error when Redis does
-    not answer."""
+    ASK; anything else the plain client. With `WORKER_REDIS_SENTINELS` set, the master
+    the Sentinels name. Raises the connection error when Redis does not answer."""
+    if settings is not None and settings.redis_sentinels:
+        master = sentinel_master(
+            url,
+            settings,
+            client_name=client_name,
+            decode_responses=decode_responses,
+            socket_timeout_s=socket_timeout_s,
+            retry=retry,
+        )
+        try:
+            await master.ping()
+        except BaseException:
+            await master.aclose()
+            raise
+        return master
     plain = redis_client(
         url,
         settings=settings,

@@ -29,7 +29,7 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
-from worker.contract.errors import StreamUnusable
+from worker.contract.errors import ConfigError, StreamUnusable
 from worker.contract.stream import (
     TERMINAL_EVENTS,
     TOKEN,
@@ -38,11 +38,18 @@ from worker.contract.stream import (
     deliveries_key,
     lease_key,
 )
+from worker.streams.connect import NotReplicated
 
 log = logging.getLogger(__name__)
 
 _TOKEN_FIELDS = 5  # event, index, token_id, text, logprob
 LEASE_LOST = -1
+ENTRIES_LOST = -2
+LEASE_LOST_REASON = "the lease was lost: another worker owns this request now"
+ENTRIES_LOST_REASON = (
+    "entries stored earlier are gone (a Redis failover lost writes its replica had not"
+    " received): the job is handed back and resumes from what the stream holds"
+)
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
 
@@ -51,9 +58,10 @@ AFTER_TAIL = ""
 # entries (id, index, token_id, text, logprob ('' for none)), then 0, or 1 and the
 # terminal entry: id ('': after the tail, unless the stream has ended already), the
 # number of fields, field, value, ... Returns per stream the entries written, -1 when the
-# fence refused (the lease is another's, or anyone's when the caller holds none), or the
-# error Redis gave ('ERR ...', 'WRONGTYPE ...'). An entry refused as "equal or smaller"
-# was stored by an earlier try and is skipped.
+# fence refused (the lease is another's, or anyone's when the caller holds none), -2 when
+# the stream lacks entries before the first one given (nothing is written), or
+# 'WRONGTYPE ...' for a key that is not a stream; any other error fails the call. An
+# entry refused as "equal or smaller" was stored by an earlier try and is skipped.
 _WRITE = """
 local ttl = tonumber(ARGV[1])
 
@@ -62,19 +70,38 @@ local function owns(lease, token)
   return redis.call('GET', lease) == token
 end
 
+-- A key that is not a stream is refused for good (the error is returned for its request
+-- alone); any other error (READONLY from a demoted master, OOM, ...) is the server's
+-- state, not the request's: it fails the whole call, and the caller retries.
+local function refused(err)
+  if string.find(err, '^WRONGTYPE') then return err end
+  error({err = err})
+end
+
 local function stored(reply)
   if type(reply) == 'table' and reply.err then
     if string.find(reply.err, 'equal or smaller', 1, true) then return 0 end
-    return reply.err
+    return refused(reply.err)
   end
   return 1
+end
+
+-- Entry ids run 0-1, 0-2, ... without holes, so a stream holds exactly as many entries
+-- as the sequence number before its next one. Fewer: entries stored earlier are gone (a
+-- failover promoted a replica that had not received them); writing on would leave a
+-- hole in the indices.
+local function lost(stream, id)
+  if id == '' then return false end
+  local len = redis.pcall('XLEN', stream)
+  if type(len) ~= 'number' then return false end
+  return len < tonumber(string.match(id, '-(%d+)$')) - 1
 end
 
 -- The one place a stream ends: its terminal entry, its expiry, its lease released.
 local function end_stream(stream, lease, token, id, fields)
   if id == '' then
     local tail = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    if tail.err then return tail.err end
+    if tail.err then return refused(tail.err) end
     local seq = 1
     if #tail > 0 then
       local f = tail[1][2]
@@ -105,6 +132,8 @@ for s = 1, #KEYS, 2 do
   local result = 0
   if not owns(lease, token) then
     result = -1
+  elseif lost(stream, count > 0 and ARGV[i] or (has_end and ARGV[after + 1] or '')) then
+    result = -2
   else
     while i < after do
       local ok
@@ -166,6 +195,9 @@ Entry = tuple[str, str, Fields]
 """(stream key, entry id, fields): one entry to append."""
 
 
+REPLICA_WAIT_MS = 2000
+
+
 class Ended(enum.Enum):
     """What `StreamStore.end` did."""
 
@@ -174,6 +206,8 @@ class Ended(enum.Enum):
     """The stream ends with a terminal entry already (an earlier attempt stored it)."""
     NOT_OURS = "not ours"
     """The fence refused: another worker holds the request's lease."""
+    ENTRIES_LOST = "entries lost"
+    """Not written: the stream lacks entries before this one (see `ENTRIES_LOST_REASON`)."""
 
 
 @dataclass(slots=True)
@@ -241,10 +275,22 @@ class StreamStore:
     """All the worker's Redis I/O, on one client."""
 
     def __init__(
-        self, client: aioredis.Redis | RedisCluster, *, ttl_s: int, lease_ttl_s: float = 10.0
+        self,
+        client: aioredis.Redis | RedisCluster,
+        *,
+        ttl_s: int,
+        lease_ttl_s: float = 10.0,
+        min_replicas: int = 0,
     ) -> None:
         self.client = client
         self.cluster = isinstance(client, RedisCluster)
+        if self.cluster and min_replicas:
+            raise ConfigError(
+                "WORKER_REDIS_MIN_REPLICAS is not supported on Redis Cluster (yet): leave it 0"
+            )
+        self.min_replicas = min_replicas
+        """A batch that ends streams waits (Redis WAIT, on the connection that wrote it)
+        until that many replicas hold it; fewer raise `NotReplicated`."""
         """On Redis Cluster one script may only touch keys of one hash slot: a batch is
         split per slot (a request's keys share its stream's slot)."""
         self._ttl_s = ttl_s
@@ -278,6 +324,8 @@ class StreamStore:
         calls = [_write_call(keys, streams, leases, self._ttl_s) for keys in groups]
         if self.cluster:
             replies = await self._pipelined(self._write, calls)
+        elif self.min_replicas and any(stream.end for stream in streams.values()):
+            replies = [await self._replicated(*calls[0])]
         else:
             replies = [await self._write(*calls[0])]
         refused: dict[str, str] = {}
@@ -286,7 +334,9 @@ class StreamStore:
             if isinstance(result, bytes):
                 refused[key] = result.decode(errors="replace")
             elif result == LEASE_LOST:
-                refused[key] = "the lease was lost: another worker owns this request now"
+                refused[key] = LEASE_LOST_REASON
+            elif result == ENTRIES_LOST:
+                refused[key] = ENTRIES_LOST_REASON
         return refused
 
     def _slot_groups(self, keys: list[str]) -> list[list[str]]:
@@ -305,23 +355,20 @@ class StreamStore:
         (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
         appends after whatever the stream holds, unless it has ended already. Raises
         `StreamUnusable` when the key is not a stream."""
-        reply = await self._write(
-            keys=[key, lease_key(key)],
-            args=[
-                self._ttl_s,
-                lease,
-                0,
-                1,
-                seq_id,
-                len(fields),
-                *chain.from_iterable(fields.items()),
-            ],
-        )
+        keys = [key, lease_key(key)]
+        args: list[Any] = [self._ttl_s, lease, 0, 1, seq_id, len(fields)]
+        args += chain.from_iterable(fields.items())
+        if self.min_replicas:
+            reply = await self._replicated(keys, args)
+        else:
+            reply = await self._write(keys=keys, args=args)
         result = reply[0]
         if isinstance(result, bytes):
             raise StreamUnusable(f"stream key {key!r} cannot be written: {result.decode()}")
         if result == LEASE_LOST:
             return Ended.NOT_OURS
+        if result == ENTRIES_LOST:
+            return Ended.ENTRIES_LOST
         return Ended.STORED if result else Ended.ALREADY_ENDED
 
     # -- leases ---------------------------------------------------------------------
@@ -334,6 +381,21 @@ class StreamStore:
         calls = [(lease_key(key), [token, self._lease_ms]) for key, token in leases.items()]
         results = await self._each(self._renew, calls)
         return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
+
+    async def _replicated(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """`_WRITE` and then WAIT on the same connection (WAIT counts the replicas that
+        hold this connection's writes)."""
+        assert isinstance(self.client, aioredis.Redis)
+        pipe = self.client.pipeline(transaction=False)
+        await self._write(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
+        reply, replicas = await pipe.execute()
+        if int(replicas) < self.min_replicas:
+            raise NotReplicated(
+                f"the terminal entries reached {replicas} of the {self.min_replicas} replicas"
+                f" WORKER_REDIS_MIN_REPLICAS asks for within {REPLICA_WAIT_MS} ms"
+            )
+        return reply
 
     async def _pipelined(self, script: AsyncScript, calls: Sequence[ScriptCall]) -> list[Any]:
         """One call of `script` per (keys, args) in redis-py's cluster pipeline, which
@@ -377,9 +439,20 @@ class StreamStore:
         """Take the request's lease and read what its stream holds, in one round trip
         (the whole stream only when a resume needs it). None: another worker holds the
         lease. Raises `StreamUnusable` when the key is not a stream."""
-        reply = await self._start(
-            keys=[key, lease_key(key), cancel_key(key)], args=[token, self._lease_ms]
-        )
+        keys = [key, lease_key(key), cancel_key(key)]
+        args: list[Any] = [token, self._lease_ms]
+        replicas = self.min_replicas
+        if replicas:
+            # WAIT after the lease write: what the stream holds (a terminal entry above
+            # all, which acknowledges the job) is on the replicas too, not only on a
+            # master that a failover is about to demote
+            assert isinstance(self.client, aioredis.Redis)
+            pipe = self.client.pipeline(transaction=False)
+            await self._start(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
+            reply, replicas = await pipe.execute()
+        else:
+            reply = await self._start(keys=keys, args=args)
         if reply is None:
             return None
         if reply[0] == -1:
@@ -391,6 +464,11 @@ class StreamStore:
         flat = reply[2][0][1]
         event = next((flat[i + 1] for i in range(0, len(flat), 2) if flat[i] == b"event"), b"")
         if event.decode() in TERMINAL_EVENTS:
+            if int(replicas) < self.min_replicas:
+                raise NotReplicated(
+                    f"the stream's terminal entry is on {replicas} of the {self.min_replicas}"
+                    " replicas WORKER_REDIS_MIN_REPLICAS asks for"
+                )
             state.terminal = True
             return state
         await self._read_tokens(key, state)
