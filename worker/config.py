@@ -87,7 +87,17 @@ class Settings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _amqp_scheme(cls, value: str) -> str:
-        return _check_url(value, ("amqp", "amqps"))
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("no URL given")
+        for url in urls:
+            _check_url(url, ("amqp", "amqps"))
+        return value
+
+    @property
+    def amqp_urls(self) -> list[str]:
+        """The nodes of one RabbitMQ cluster, in the order they are tried."""
+        return split_urls(self.amqp_url)
 
     @field_validator("redis_url")
     @classmethod
@@ -170,6 +180,11 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
     return value
 
 
+def split_urls(value: str) -> list[str]:
+    """A comma-separated list of URLs (one URL is a list of one)."""
+    return [url.strip() for url in value.split(",") if url.strip()]
+
+
 def sentinel_addresses(value: str) -> list[tuple[str, int]]:
     """`host:port,host:port` (port 26379 when left out) as (host, port) pairs."""
     addresses: list[tuple[str, int]] = []
@@ -188,7 +203,10 @@ def sentinel_addresses(value: str) -> list[tuple[str, int]]:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, for logs and error messages."""
+    """The URL (or comma-separated URLs) with any password replaced, for logs and error
+    messages."""
+    if "," in url:
+        return ",".join(redact_url(each) for each in split_urls(url))
     parts = urlsplit(url)
     if parts.password is None:
         return url

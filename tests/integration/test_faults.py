@@ -114,6 +114,44 @@ async def test_broker_connections_closed_during_a_run(
     assert resumed > 0, "dropped jobs continued their streams"
 
 
+async def test_several_broker_urls_the_worker_moves_to_another_node(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+) -> None:
+    """WORKER_AMQP_URL lists three nodes: the first never answers, so the worker starts
+    on the second; when that connection goes, the worker tries the next node (down),
+    then the one after (up), consumes again, and every job ends exactly once. (The same
+    broker stands for two of the nodes: the path through the list is what is tested; a
+    real 3-node cluster is not started here.)"""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.fail("rabbitmqctl is needed to close the broker's connections")
+    down, down_too = free_port(), free_port()
+    urls = ",".join(
+        (f"amqp://guest:guest@127.0.0.1:{down}/", services.amqp,
+         f"amqp://guest:guest@127.0.0.1:{down_too}/", services.amqp)
+    )  # fmt: skip
+    worker = await spawn(WORKER_ECHO_STEP_MS="20", WORKER_AMQP_URL=urls)
+    jobs = {rid(): f"job {n:03d} " for n in range(60)}
+    for request_id, prompt in jobs.items():
+        await producer.publish(
+            {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 100}}
+        )
+    await wait_for_entries(subscriber, next(iter(jobs)), 5)
+    assert await close_connections_of([worker.pid]) == 1, "the worker's connection was closed"
+    assert [i for i in jobs if await is_mid_stream(subscriber, i)], "jobs were mid-stream"
+    results = list((await subscriber.read_many(list(jobs), wait_s=120)).values())
+    for prompt, entries in zip(jobs.values(), results, strict=True):
+        assert_exact(entries, prompt, 100)
+    await wait_until(functools.partial(http_is, worker.http_port, "/readyz", 200))
+    moves = MOVED.findall(worker.log())
+    broker = services.amqp.rpartition("@")[2].rstrip("/")
+    assert moves[:1] == [(f"127.0.0.1:{down}", broker)], moves
+    assert (broker, f"127.0.0.1:{down_too}") in moves, "the lost connection moved on"
+    assert moves[-1][1] == broker, "it ended on a node that answers"
+
+
+MOVED = re.compile(
+    r"RabbitMQ node amqp://guest:\*\*\*@(\S+?)/ is gone .*; next attempt on amqp://guest:\*\*\*@(\S+?)/"
+)
 DROPPED = re.compile(r"broker connection lost .*: (\d+) running jobs dropped")
 
 
