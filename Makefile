@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test lint typecheck pytest fuzz bench clean
+.PHONY: run test lint typecheck pytest fuzz bench clean cluster-up cluster-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitM
 
 fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
+
+cluster-up:  ## a local Redis Cluster and a Sentinel-managed Redis to try (README: Scaling out)
+	bash tools/clusters.sh up
+
+cluster-down:  ## stop what cluster-up started
+	bash tools/clusters.sh down
 
 bench: $(BENCH_STAMP)  ## every scenario; results in bench/results/ (BENCH_PROFILE=1: py-spy profiles)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py $(SCENARIOS)

@@ -26,7 +26,8 @@ ENV_EXAMPLE = ROOT / ".env.example"
 RELEASE = "demo"
 NAMESPACE = "llm"
 FULLNAME = f"{RELEASE}-trtllm-worker"
-URL_SETTINGS = frozenset({"WORKER_AMQP_URL", "WORKER_REDIS_URL"})
+URL_SETTINGS = frozenset({"WORKER_AMQP_URL", "WORKER_REDIS_URL", "WORKER_REDIS_SENTINEL_PASSWORD"})
+"""Credentials: they come from the Secret, not the ConfigMap."""
 
 Manifest = dict[str, Any]
 

@@ -167,3 +167,13 @@ def test_a_stream_prefix_with_braces_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="WORKER_STREAM_PREFIX"):
         load_settings(stream_prefix="{gen}:")
+
+
+async def test_min_replicas_is_refused_on_a_cluster(cluster_client: RedisCluster) -> None:
+    """WAIT would have to go to every node a batch wrote to: not supported yet, and
+    refused rather than ignored."""
+    from worker.contract.errors import ConfigError
+    from worker.streams.store import StreamStore
+
+    with pytest.raises(ConfigError, match="WORKER_REDIS_MIN_REPLICAS"):
+        StreamStore(cluster_client, ttl_s=60, min_replicas=1)

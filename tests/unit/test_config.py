@@ -408,3 +408,15 @@ def test_empty_variable_means_unset(
     settings = load_settings()
     field = name.removeprefix("WORKER_").lower()
     assert getattr(settings, field) == Settings.model_fields[field].default
+
+
+def test_sentinel_addresses_and_amqp_url_lists_are_checked() -> None:
+    from worker.config import sentinel_addresses
+
+    assert sentinel_addresses("a:1, b ,[::1]:26380") == [("a", 1), ("b", 26379), ("::1", 26380)]
+    with pytest.raises(ConfigError, match="WORKER_REDIS_SENTINELS"):
+        load_settings(redis_sentinels="a:notaport")
+    settings = load_settings(amqp_url="amqp://a:5672/, amqps://b:5671/")
+    assert settings.amqp_urls == ["amqp://a:5672/", "amqps://b:5671/"]
+    with pytest.raises(ConfigError, match="WORKER_AMQP_URL"):
+        load_settings(amqp_url="amqp://a:5672/,http://b/")
