@@ -250,3 +250,18 @@ async def read_stream(
                     entries.append(fields)
                     if fields["event"] in ("done", "error"):
                         return entries
+
+
+async def assert_complete(
+    client: RedisCluster | aioredis.Redis, prefix: str, jobs: dict[str, str], tokens: int
+) -> None:
+    """Every job (request id → prompt) ended `done`, its indices 0..tokens-1 each once,
+    its text whole (the echo engine repeats the prompt)."""
+    for request_id, prompt in jobs.items():
+        entries = await read_stream(client, prefix + request_id, wait_s=90)
+        done = entries[-1]
+        assert done["event"] == "done", (request_id, done)
+        indices = [int(e["index"]) for e in entries if e["event"] == "token"]
+        assert indices == list(range(tokens)), request_id
+        text = "".join(e["text"] for e in entries if e["event"] == "token")
+        assert text == done["generated_text"] == (prompt * tokens)[:tokens]

@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from tests.cluster.conftest import LocalCluster, local_cluster, read_stream, redis_cli
+from tests.cluster.conftest import LocalCluster, assert_complete, local_cluster, redis_cli
 from tests.integration.conftest import Producer, WorkerFactory
 
 pytestmark = pytest.mark.cluster
@@ -42,18 +42,6 @@ async def wait_for_entries(client: RedisCluster, key: str, count: int) -> None:
     async with asyncio.timeout(30):
         while int(await client.xlen(key)) < count:
             pass  # each XLEN is a round trip: the worker runs meanwhile
-
-
-async def assert_complete(client: RedisCluster, prefix: str, jobs: dict[str, str]) -> None:
-    """Every job ended `done`, its indices 0..TOKENS-1 each once, its text whole."""
-    for request_id, prompt in jobs.items():
-        entries = await read_stream(client, prefix + request_id, wait_s=90)
-        done = entries[-1]
-        assert done["event"] == "done", (request_id, done)
-        indices = [int(e["index"]) for e in entries if e["event"] == "token"]
-        assert indices == list(range(TOKENS)), request_id
-        text = "".join(e["text"] for e in entries if e["event"] == "token")
-        assert text == done["generated_text"] == (prompt * TOKENS)[:TOKENS]
 
 
 def master_of(cluster: LocalCluster, key: str) -> int:
@@ -91,7 +79,7 @@ async def test_a_master_killed_mid_run_its_replica_takes_over(
                 await asyncio.to_thread(cluster.wait_role, replica, "master")
                 partial = int(await client.xlen(prefix + on_victim[0]))
                 assert partial < TOKENS, "the job finished before its master was killed"
-                await assert_complete(client, prefix, jobs)
+                await assert_complete(client, prefix, jobs, TOKENS)
         finally:
             await client.aclose()
 
@@ -119,7 +107,7 @@ async def test_slots_resharded_mid_run(
                 )
                 partial = int(await client.xlen(prefix + moving[0]))
                 assert partial < TOKENS, f"the job finished before its slots moved ({took:.1f} s)"
-                await assert_complete(client, prefix, jobs)
+                await assert_complete(client, prefix, jobs, TOKENS)
         finally:
             await client.aclose()
 

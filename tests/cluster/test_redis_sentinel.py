@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
 
-from tests.cluster.conftest import free_ports, read_stream
+from tests.cluster.conftest import assert_complete, free_ports
 from tests.integration.conftest import Producer, WorkerFactory
 from worker.config import Settings
 
@@ -170,14 +170,7 @@ async def test_a_sentinel_failover_mid_run_loses_no_job(
                 wait, lambda: setup.role(setup.master) == "slave", "the old master is demoted"
             )
             assert setup.role(setup.replica) == "master"
-            for request_id, prompt in jobs.items():
-                entries = await read_stream(client, prefix + request_id, wait_s=90)
-                done = entries[-1]
-                assert done["event"] == "done", (request_id, done)
-                indices = [int(e["index"]) for e in entries if e["event"] == "token"]
-                assert indices == list(range(TOKENS)), request_id
-                text = "".join(e["text"] for e in entries if e["event"] == "token")
-                assert text == done["generated_text"] == (prompt * TOKENS)[:TOKENS]
+            await assert_complete(client, prefix, jobs, TOKENS)
 
 
 async def test_check_finds_the_master_through_sentinel(

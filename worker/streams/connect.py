@@ -114,17 +114,15 @@ def tls_options(url: str, settings: Settings | None) -> dict[str, Any]:
     return options
 
 
-def redis_client(
+def _options(
     url: str,
-    *,
-    settings: Settings | None = None,
+    settings: Settings | None,
     client_name: str,
-    decode_responses: bool = False,
-    socket_timeout_s: float = 30.0,
-    retry: bool = True,
-) -> aioredis.Redis:
-    """A client on its own pool. `retry=False` reports failures at once (callers that
-    resume themselves, like the stream reader, want no hidden retries)."""
+    decode_responses: bool,
+    socket_timeout_s: float,
+    retry: bool,
+) -> dict[str, Any]:
+    """The connection options every plain or Sentinel-managed client gets."""
     options: dict[str, Any] = {
         "decode_responses": decode_responses,
         "client_name": client_name,
@@ -136,6 +134,21 @@ def redis_client(
     }
     if not retry:
         options["retry"] = Retry(NoBackoff(), 0)
+    return options
+
+
+def redis_client(
+    url: str,
+    *,
+    settings: Settings | None = None,
+    client_name: str,
+    decode_responses: bool = False,
+    socket_timeout_s: float = 30.0,
+    retry: bool = True,
+) -> aioredis.Redis:
+    """A client on its own pool. `retry=False` reports failures at once (callers that
+    resume themselves, like the stream reader, want no hidden retries)."""
+    options = _options(url, settings, client_name, decode_responses, socket_timeout_s, retry)
     pool = aioredis.ConnectionPool.from_url(url, **options)
     pool.connection_class = _worker_connection(pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
@@ -169,23 +182,15 @@ def sentinel_master(
     target = parse_url(url)
     tls = url.startswith("rediss://")
     tls_files = tls_options(url, settings)
-    options: dict[str, Any] = {
-        "decode_responses": decode_responses,
-        "client_name": client_name,
-        "health_check_interval": HEALTH_CHECK_S,
-        "socket_connect_timeout": CONNECT_TIMEOUT_S,
-        "socket_timeout": socket_timeout_s,
-        "retry_on_timeout": False,
+    options = _options(url, settings, client_name, decode_responses, socket_timeout_s, retry)
+    options |= {
         "username": target.get("username"),
         "password": target.get("password"),
         "db": target.get("db", 0),
         "connection_class": _worker_connection(
             SentinelManagedSSLConnection if tls else SentinelManagedConnection
         ),
-        **tls_files,
     }
-    if not retry:
-        options["retry"] = Retry(NoBackoff(), 0)
     sentinel_options: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": CONNECT_TIMEOUT_S,
