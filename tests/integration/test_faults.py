@@ -129,8 +129,9 @@ async def test_several_broker_urls_the_worker_moves_to_another_node(
         (f"amqp://guest:guest@127.0.0.1:{down}/", services.amqp,
          f"amqp://guest:guest@127.0.0.1:{down_too}/", services.amqp)
     )  # fmt: skip
-    worker = await spawn(WORKER_ECHO_STEP_MS="20", WORKER_AMQP_URL=urls)
-    jobs = {rid(): f"job {n:03d} " for n in range(60)}
+    # 120 jobs, 16 at a time, 1 s each: work in hand whenever the connection goes
+    worker = await spawn(WORKER_ECHO_STEP_MS="10", WORKER_MAX_BATCH="16", WORKER_AMQP_URL=urls)
+    jobs = {rid(): f"job {n:03d} " for n in range(120)}
     for request_id, prompt in jobs.items():
         await producer.publish(
             {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 100}}
