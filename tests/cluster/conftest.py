@@ -91,17 +91,20 @@ class LocalCluster:
             time.sleep(0.1)
         _wait_state_ok([p for p in self.ports if self.answers(p)], within_s)
 
-    def slot_count(self, port: int) -> int:
-        own = 0
+    def slots(self, port: int) -> set[int]:
+        """The slots the node on `port` serves, as it says itself (none: a replica)."""
+        own: set[int] = set()
         for line in redis_cli(port, "cluster", "nodes").splitlines():
             fields = line.split()
             if "myself" in fields[2]:
                 for span in fields[8:]:
-                    if span.startswith("["):
-                        continue
-                    low, _, high = span.partition("-")
-                    own += int(high or low) - int(low) + 1
+                    if not span.startswith("["):  # [slot->-node]: a slot migrating
+                        low, _, high = span.partition("-")
+                        own.update(range(int(low), int(high or low) + 1))
         return own
+
+    def slot_count(self, port: int) -> int:
+        return len(self.slots(port))
 
     def reshard(self, source: int, target: int, slots: int) -> None:
         """Move `slots` slots from the master on `source` to the one on `target` with

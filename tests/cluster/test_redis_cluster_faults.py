@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from tests.cluster.conftest import LocalCluster, assert_complete, local_cluster, redis_cli
+from tests.cluster.conftest import LocalCluster, assert_complete, local_cluster
 from tests.integration.conftest import Producer, WorkerFactory
 
 pytestmark = pytest.mark.cluster
@@ -48,13 +48,8 @@ def master_of(cluster: LocalCluster, key: str) -> int:
     """The port of the master serving `key`'s slot, as the cluster itself says."""
     slot = key_slot(key.encode())
     for port in cluster.ports:
-        for line in redis_cli(port, "cluster", "nodes").splitlines():
-            fields = line.split()
-            if "myself" in fields[2] and "master" in fields[2]:
-                for span in fields[8:]:
-                    low, _, high = span.partition("-")
-                    if not low.startswith("[") and int(low) <= slot <= int(high or low):
-                        return port
+        if slot in cluster.slots(port):
+            return port
     raise AssertionError(f"no master serves slot {slot}")
 
 

@@ -98,9 +98,9 @@ async def connect_robust(settings: Settings, name: str) -> AbstractRobustConnect
     in order; `ConnectionError` with one line when none answers."""
     urls = settings.amqp_urls
     failures: list[str] = []
-    for url in urls:
+    for first, url in enumerate(urls):
         connection = ClusterConnection(
-            [*urls[urls.index(url) :], *urls[: urls.index(url)]],
+            urls[first:] + urls[:first],
             reconnect_interval=RECONNECT_INTERVAL_S,
             client_properties={"connection_name": name},
             ssl_context=amqp_ssl_context(settings),

@@ -383,19 +383,26 @@ class StreamStore:
         return [key for key, renewed in zip(leases, results, strict=True) if not renewed]
 
     async def _replicated(self, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """`_WRITE` and then WAIT on the same connection (WAIT counts the replicas that
-        hold this connection's writes)."""
-        assert isinstance(self.client, aioredis.Redis)
-        pipe = self.client.pipeline(transaction=False)
-        await self._write(keys=keys, args=args, client=pipe)
-        pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
-        reply, replicas = await pipe.execute()
-        if int(replicas) < self.min_replicas:
+        """`_WRITE`, then `NotReplicated` unless the replicas hold it."""
+        reply, replicas = await self._then_wait(self._write, keys, args)
+        if replicas < self.min_replicas:
             raise NotReplicated(
                 f"the terminal entries reached {replicas} of the {self.min_replicas} replicas"
                 f" WORKER_REDIS_MIN_REPLICAS asks for within {REPLICA_WAIT_MS} ms"
             )
         return reply
+
+    async def _then_wait(
+        self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]
+    ) -> tuple[Any, int]:
+        """`script`, then WAIT on the same connection (WAIT counts the replicas that hold
+        this connection's writes): its reply and how many replicas hold it."""
+        assert isinstance(self.client, aioredis.Redis)
+        pipe = self.client.pipeline(transaction=False)
+        await script(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
+        reply, replicas = await pipe.execute()
+        return reply, int(replicas)
 
     async def _pipelined(self, script: AsyncScript, calls: Sequence[ScriptCall]) -> list[Any]:
         """One call of `script` per (keys, args) in redis-py's cluster pipeline, which
@@ -441,16 +448,12 @@ class StreamStore:
         lease. Raises `StreamUnusable` when the key is not a stream."""
         keys = [key, lease_key(key), cancel_key(key)]
         args: list[Any] = [token, self._lease_ms]
-        replicas = self.min_replicas
-        if replicas:
+        replicas = 0
+        if self.min_replicas:
             # WAIT after the lease write: what the stream holds (a terminal entry above
             # all, which acknowledges the job) is on the replicas too, not only on a
             # master that a failover is about to demote
-            assert isinstance(self.client, aioredis.Redis)
-            pipe = self.client.pipeline(transaction=False)
-            await self._start(keys=keys, args=args, client=pipe)
-            pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
-            reply, replicas = await pipe.execute()
+            reply, replicas = await self._then_wait(self._start, keys, args)
         else:
             reply = await self._start(keys=keys, args=args)
         if reply is None:
@@ -464,7 +467,7 @@ class StreamStore:
         flat = reply[2][0][1]
         event = next((flat[i + 1] for i in range(0, len(flat), 2) if flat[i] == b"event"), b"")
         if event.decode() in TERMINAL_EVENTS:
-            if int(replicas) < self.min_replicas:
+            if replicas < self.min_replicas:
                 raise NotReplicated(
                     f"the stream's terminal entry is on {replicas} of the {self.min_replicas}"
                     " replicas WORKER_REDIS_MIN_REPLICAS asks for"
