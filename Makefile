@@ -45,7 +45,7 @@ test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitM
 fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
 
-cluster-up:  ## a local Redis Cluster and a Sentinel-managed Redis to try (README: Scaling out)
+cluster-up:  ## a local Redis Cluster, a Sentinel-managed Redis and a RabbitMQ cluster to try (README: Scaling out)
 	bash tools/clusters.sh up
 
 cluster-down:  ## stop what cluster-up started

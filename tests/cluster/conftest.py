@@ -10,6 +10,7 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,9 +24,22 @@ from redis.exceptions import ClusterDownError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tests.integration.conftest import XreadReply, amqp_channel, producer, run_worker, spawn
+from tests.integration.conftest import (
+    XreadReply,
+    amqp_channel,
+    cleanup_keys,
+    producer,
+    redis_client,
+    run_worker,
+    spawn,
+    subscriber,
+)
 
-__all__ = ["amqp_channel", "producer", "run_worker", "spawn"]  # the integration fixtures
+# the integration fixtures
+__all__ = [
+    "amqp_channel", "cleanup_keys", "producer", "redis_client", "run_worker", "spawn",
+    "subscriber",
+]  # fmt: skip
 
 
 def _free(port: int) -> bool:
@@ -37,10 +51,10 @@ def _free(port: int) -> bool:
     return True
 
 
-def free_ports(count: int) -> list[int]:
+def free_ports(count: int, low: int = 20000, high: int = 40000) -> list[int]:
     """Ports whose cluster bus port (port + 10000) is free too."""
     ports: list[int] = []
-    candidate = random.randrange(20000, 40000)
+    candidate = random.randrange(low, high)
     while len(ports) < count:
         candidate += 1
         if _free(candidate) and _free(candidate + 10000):
@@ -268,3 +282,63 @@ async def assert_complete(
         assert indices == list(range(tokens)), request_id
         text = "".join(e["text"] for e in entries if e["event"] == "token")
         assert text == done["generated_text"] == (prompt * tokens)[:tokens]
+
+
+RABBITMQ_CLUSTER = Path(__file__).parents[2] / "tools" / "rabbitmq-cluster.sh"
+
+
+@dataclass
+class RabbitCluster:
+    """Nodes started by tools/rabbitmq-cluster.sh (the script `make cluster-up` runs):
+    node trtw-PORT@localhost listens for AMQP on PORT."""
+
+    root: Path
+    ports: list[int]
+
+    def url(self, port: int) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{port}/"
+
+    def node(self, port: int) -> str:
+        return f"trtw-{port}@localhost"
+
+    def ctl(self, port: int, *args: str) -> str:
+        """rabbitmqctl on one node, with the cluster's own cookie."""
+        done = subprocess.run(
+            ["bash", str(RABBITMQ_CLUSTER), "ctl", str(self.root), str(port), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout
+
+    def stop(self, port: int) -> None:
+        """Stop one node as an operator would (its connections are closed), and wait
+        until its process has exited."""
+        subprocess.run(["bash", str(RABBITMQ_CLUSTER), "stop", str(self.root), str(port)],
+                       check=True, capture_output=True)  # fmt: skip
+
+    def answers(self, port: int) -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def rabbitmq_cluster() -> Iterator[RabbitCluster]:
+    """Three RabbitMQ nodes joined into one cluster, on private ports (below the
+    ephemeral range) and a data folder the rabbitmq user owns (pytest's own tmp folders
+    are private to root); every node is stopped by its name at the end."""
+    if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
+        pytest.fail("rabbitmq-server and rabbitmqctl are needed for the local RabbitMQ cluster")
+    root = Path(tempfile.mkdtemp(prefix="trtw-rabbitmq-"))
+    ports = free_ports(3, low=12000, high=22000)
+    try:
+        started = subprocess.run(
+            ["bash", str(RABBITMQ_CLUSTER), "up", str(root), *map(str, ports)],
+            capture_output=True,
+            text=True,
+        )
+        assert started.returncode == 0, f"the local RabbitMQ cluster did not start: {started}"
+        yield RabbitCluster(root, ports)
+    finally:
+        subprocess.run(["bash", str(RABBITMQ_CLUSTER), "down", str(root)], capture_output=True)
