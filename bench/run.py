@@ -6,21 +6,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aio_pika
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from tqdm import tqdm
 
 RESULTS = Path(__file__).parent / "results"
@@ -47,6 +53,15 @@ SCENARIOS = {
         Scenario("realistic", 64, 512, 20, 64, 64, "64 streams x 512 tokens, 20 ms step"),
         Scenario("short", 5000, 1, 0, 256, 5000, "5,000 jobs of 1 token"),
         Scenario("soak", 100_000, 1, 0, 256, 2000, "100,000 jobs of 1 token: RSS growth"),
+        Scenario(
+            "cluster",
+            256,
+            512,
+            0,
+            256,
+            256,
+            "throughput on a local 3-master Redis Cluster vs. the single node, same run",
+        ),
     )
 }
 
@@ -81,6 +96,15 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def proc_stat(pid: int) -> tuple[float, float]:
@@ -132,11 +156,13 @@ def redis_xadd_ceiling(requests: int = 300_000) -> float:
     return float(rates[-1])
 
 
-def start_worker(scenario: Scenario, queue: str, prefix: str, port: int) -> subprocess.Popen[bytes]:
+def start_worker(
+    scenario: Scenario, queue: str, prefix: str, port: int, redis_url: str = REDIS_URL
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
     env.update(
         WORKER_AMQP_URL=AMQP_URL,
-        WORKER_REDIS_URL=REDIS_URL,
+        WORKER_REDIS_URL=redis_url,
         WORKER_QUEUE=queue,
         WORKER_STREAM_PREFIX=prefix,
         WORKER_HTTP_PORT=str(port),
@@ -222,16 +248,103 @@ def histogram_quantiles(metrics: str, name: str) -> tuple[float | None, float | 
     return quantile(0.5), quantile(0.99)
 
 
+Reply = list[tuple[str, list[tuple[str, dict[str, str]]]]]
+Reader = Callable[[dict[str, str]], Awaitable[Reply]]
+
+
+def multi_key_reader(redis: aioredis.Redis) -> Reader:
+    """One XREAD for every open stream, as a subscriber of a single node can."""
+
+    async def read(streams: dict[str, str]) -> Reply:
+        return await redis.xread(streams, block=1000, count=5000)  # type: ignore[arg-type,no-any-return]
+
+    return read
+
+
+def per_key_reader(redis: aioredis.Redis | RedisCluster) -> Reader:
+    """One XREAD per stream, pipelined (per node on a cluster, where a multi-key XREAD
+    would span slots); after a round that found nothing, one blocking XREAD on the
+    oldest open stream waits for the worker instead of polling."""
+
+    async def read(streams: dict[str, str]) -> Reply:
+        pipe = redis.pipeline(transaction=False)
+        for key, last in streams.items():
+            pipe.xread({key: last}, count=5000)
+        reply = [item for result in await pipe.execute() for item in result or []]
+        if reply or not streams:
+            return reply
+        key, last = next(iter(streams.items()))
+        return await redis.xread({key: last}, block=1000, count=5000)  # type: ignore[no-any-return]
+
+    return read
+
+
+def redis_cli(port: int, *args: str) -> str:
+    return subprocess.run(
+        ["redis-cli", "-p", str(port), *args], capture_output=True, text=True
+    ).stdout
+
+
+@contextlib.contextmanager
+def local_redis_cluster(masters: int = 3) -> Iterator[str]:
+    """A Redis Cluster of `masters` nodes on private ports (no replicas), from the
+    installed redis-server, stopped by its own ports at the end; yields a node's URL."""
+    root = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+    ports: list[int] = []
+    while len(ports) < masters:
+        port = free_port()
+        if port < 55000 and port not in ports and bindable(port + 10000):  # the bus port
+            ports.append(port)
+    try:
+        for port in ports:
+            subprocess.run(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                 "--cluster-enabled", "yes", "--cluster-config-file", f"{root}/{port}.conf",
+                 "--dir", str(root), "--save", "", "--appendonly", "no", "--daemonize", "yes",
+                 "--logfile", f"{root}/{port}.log"],
+                check=True,
+            )  # fmt: skip
+        for port in ports:
+            while redis_cli(port, "ping").strip() != "PONG":
+                time.sleep(0.05)
+        nodes = [f"127.0.0.1:{p}" for p in ports]
+        subprocess.run(["redis-cli", "--cluster", "create", *nodes, "--cluster-yes"],
+                       check=True, capture_output=True)  # fmt: skip
+        for port in ports:
+            while "cluster_state:ok" not in redis_cli(port, "cluster", "info"):
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for port in ports:
+            redis_cli(port, "shutdown", "nosave")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-async def run_scenario(scenario: Scenario, ceiling: float) -> Result:  # noqa: C901
+async def run_scenario(  # noqa: C901
+    scenario: Scenario, ceiling: float, redis_url: str = REDIS_URL, per_key: bool = False
+) -> Result:
+    """One worker through `scenario`; `per_key`: the subscriber reads one stream per XREAD
+    (as it must on a cluster); a `redis_url` of a cluster node: the worker and the
+    subscriber on that Redis Cluster."""
     run_id = uuid.uuid4().hex[:8]
     queue, prefix, port = f"bench-{run_id}", f"bench:{run_id}:", free_port()
-    worker = start_worker(scenario, queue, prefix, port)
-    redis = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    worker = start_worker(scenario, queue, prefix, port, redis_url)
+    cluster = redis_url != REDIS_URL
+    redis: aioredis.Redis | RedisCluster = (
+        RedisCluster.from_url(redis_url, decode_responses=True)
+        if cluster
+        else aioredis.Redis.from_url(redis_url, decode_responses=True)
+    )
+    read = (
+        per_key_reader(redis)
+        if per_key or isinstance(redis, RedisCluster)
+        else multi_key_reader(redis)
+    )
     connection = await aio_pika.connect(AMQP_URL)
     try:
         await wait_ready(port)
@@ -279,7 +392,7 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:  # noqa: C
         rss_warm = rss_start
         while done < scenario.streams:
             streams = dict(list(open_keys.items())[:2000])
-            reply = await redis.xread(streams, block=1000, count=5000)  # type: ignore[arg-type]
+            reply = await read(streams)
             now = time.monotonic()
             finished = 0
             for key, items in reply:
@@ -343,9 +456,10 @@ async def run_scenario(scenario: Scenario, ceiling: float) -> Result:  # noqa: C
             worker.wait(30)
         except subprocess.TimeoutExpired:
             worker.kill()
-        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=10_000)]
-        for start in range(0, len(keys), 10_000):
-            await redis.delete(*keys[start : start + 10_000])
+        if isinstance(redis, aioredis.Redis):  # a cluster goes with its keys
+            keys = [k async for k in redis.scan_iter(match=prefix + "*", count=10_000)]
+            for start in range(0, len(keys), 10_000):
+                await redis.delete(*keys[start : start + 10_000])
         channel2 = await connection.channel()
         for name in (queue, f"{queue}.dead"):
             await channel2.queue_delete(name)
@@ -425,6 +539,50 @@ def plot(result: Result, path: Path) -> None:
     plt.close(figure)
 
 
+def summary(result: Result) -> dict[str, Any]:
+    return {k: v for k, v in asdict(result).items() if k not in ("ttft_ms", "tokens_over_time")}
+
+
+def compare_cluster(scenario: Scenario, ceiling: float) -> None:
+    """The throughput scenario on the single Redis node and on a local 3-master Redis
+    Cluster whose nodes share this machine's cores, in the order single, cluster,
+    cluster, single (a drift of the machine's speed over the run cancels out); the
+    subscriber reads one stream per XREAD every time, as a cluster requires."""
+    single, clustered = [], []
+    with local_redis_cluster() as url:
+        for where in ("single", "cluster", "cluster", "single"):
+            if where == "single":
+                named = dataclasses.replace(scenario, name="cluster-single")
+                single.append(asyncio.run(run_scenario(named, ceiling, per_key=True)))
+            else:
+                clustered.append(asyncio.run(run_scenario(scenario, ceiling, redis_url=url)))
+
+    def mean(results: list[Result], figure: str) -> float:
+        return round(sum(float(getattr(r, figure)) for r in results) / len(results), 4)
+
+    figures = ("tokens_per_s", "cpu_s_per_1000_tokens", "ttft_ms_p50", "ttft_ms_p99")
+    data = {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "single_node": {f: mean(single, f) for f in figures},
+        "cluster": {f: mean(clustered, f) for f in figures},
+        "runs": {
+            "single_node": [summary(r) for r in single],
+            "cluster": [summary(r) for r in clustered],
+        },
+        "redis_xadd_per_s": round(ceiling, 1),
+    }
+    ratio = data["cluster"]["tokens_per_s"] / data["single_node"]["tokens_per_s"]
+    data["cluster_vs_single"] = round(ratio, 3)
+    (RESULTS / "cluster.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(
+        f"{scenario.name:>10}: {data['cluster']['tokens_per_s']:>10,.0f} tokens/s on 3 masters"
+        f" vs {data['single_node']['tokens_per_s']:,.0f} on one node ({ratio:.2f} x); CPU"
+        f" {data['cluster']['cpu_s_per_1000_tokens']:.4f} vs"
+        f" {data['single_node']['cpu_s_per_1000_tokens']:.4f} s/1k tokens (2 runs each)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -450,9 +608,11 @@ def main() -> None:
                 f" whole worker {idle['process_cpu_pct']:.2f}%"
             )
             continue
+        if name == "cluster":
+            compare_cluster(SCENARIOS[name], ceiling)
+            continue
         result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
-        data = {k: v for k, v in asdict(result).items() if k not in ("ttft_ms", "tokens_over_time")}
-        (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+        (RESULTS / f"{name}.json").write_text(json.dumps(summary(result), indent=2) + "\n")
         plot(result, RESULTS / f"{name}.png")
         print(
             f"{name:>10}: {result.tokens_per_s:>10,.0f} tokens/s ({result.ratio:.2f} of Redis)"

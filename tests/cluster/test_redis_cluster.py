@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from tests.cluster.conftest import LocalCluster, read_stream
+from tests.cluster.conftest import LocalCluster, read_stream, redis_cli
 from tests.integration.conftest import Producer, Spawn, WorkerFactory
 from worker.client import Client
 from worker.config import Settings
@@ -177,3 +177,46 @@ async def test_min_replicas_is_refused_on_a_cluster(cluster_client: RedisCluster
 
     with pytest.raises(ConfigError, match="WORKER_REDIS_MIN_REPLICAS"):
         StreamStore(cluster_client, ttl_s=60, min_replicas=1)
+
+
+async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
+    redis_cluster: LocalCluster, names: dict[str, str]
+) -> None:
+    """Batches go straight to the node the client's slot map names; when that map is
+    stale (a slot moved since), the node answers MOVED and the batch goes again through
+    redis-py's cluster pipeline, which follows it. The batch lands on the slot's new
+    node, and the client's map is corrected."""
+    from worker.streams.connect import connect_redis
+    from worker.streams.store import StreamStore
+
+    client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
+    store = StreamStore(client, ttl_s=60)
+    keys = [names["stream_prefix"] + rid() for _ in range(12)]
+    slot = key_slot(keys[0].encode())
+    old = client.nodes_manager.get_node_from_slot(slot)
+    new = next(p for p in redis_cluster.ports if p != old.port)
+    ids = {p: redis_cluster_id(p) for p in redis_cluster.ports}
+    batch = [(key, "0-1", {"event": "token", "index": 0, "token_id": 97, "text": "a"})
+             for key in keys]  # fmt: skip
+    try:
+        for port in redis_cluster.ports:  # an empty slot moves with one command per node
+            redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[new])
+        assert client.nodes_manager.get_node_from_slot(slot).port == old.port, "map stale"
+        assert await store.write(batch, {}) == {}
+        assert client.nodes_manager.get_node_from_slot(slot).port == new, "map corrected"
+        assert redis_cli(new, "xlen", keys[0]).strip() == "1", "on the slot's new node"
+        for key in keys:
+            assert int(await client.xlen(key)) == 1
+    finally:
+        await client.delete(*keys)
+        for port in redis_cluster.ports:
+            redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[old.port])
+        await client.aclose()
+
+
+def redis_cluster_id(port: int) -> str:
+    return redis_cli(port, "cluster", "myid").strip()
+
+
+def redis_cli_ok(port: int, *args: str) -> None:
+    assert redis_cli(port, *args).strip() == "OK", args
