@@ -18,7 +18,7 @@ from tests.cluster.conftest import LocalCluster, read_stream, redis_cli
 from tests.integration.conftest import Producer, Spawn, WorkerFactory
 from worker.client import Client
 from worker.config import Settings
-from worker.contract.stream import lease_key
+from worker.contract.stream import Fields, lease_key
 
 pytestmark = pytest.mark.cluster
 
@@ -193,15 +193,15 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     store = StreamStore(client, ttl_s=60)
     keys = [names["stream_prefix"] + rid() for _ in range(12)]
     slot = key_slot(keys[0].encode())
-    old = client.nodes_manager.get_node_from_slot(slot)
-    new = next(p for p in redis_cluster.ports if p != old.port)
+    old = int(client.nodes_manager.get_node_from_slot(slot).port)
+    new = next(p for p in redis_cluster.ports if p != old)
     ids = {p: redis_cluster_id(p) for p in redis_cluster.ports}
-    batch = [(key, "0-1", {"event": "token", "index": 0, "token_id": 97, "text": "a"})
-             for key in keys]  # fmt: skip
+    fields: Fields = {"event": "token", "index": 0, "token_id": 97, "text": "a"}
+    batch = [(key, "0-1", fields) for key in keys]
     try:
         for port in redis_cluster.ports:  # an empty slot moves with one command per node
             redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[new])
-        assert client.nodes_manager.get_node_from_slot(slot).port == old.port, "map stale"
+        assert client.nodes_manager.get_node_from_slot(slot).port == old, "map stale"
         assert await store.write(batch, {}) == {}
         assert client.nodes_manager.get_node_from_slot(slot).port == new, "map corrected"
         assert redis_cli(new, "xlen", keys[0]).strip() == "1", "on the slot's new node"
@@ -210,7 +210,7 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     finally:
         await client.delete(*keys)
         for port in redis_cluster.ports:
-            redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[old.port])
+            redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[old])
         await client.aclose()
 
 

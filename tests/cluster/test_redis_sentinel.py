@@ -21,9 +21,11 @@ from redis.asyncio.sentinel import Sentinel
 
 from tests.cluster.conftest import assert_complete, free_ports
 from tests.integration.conftest import Producer, WorkerFactory
+from tests.integration.test_tls import certificates
 from worker.config import Settings
 
 pytestmark = pytest.mark.cluster
+__all__ = ["certificates"]  # the TLS fixture
 
 PASSWORD = "data-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
@@ -200,3 +202,104 @@ async def test_a_wrong_sentinel_password_is_one_clear_line(
     out = capsys.readouterr().out
     assert report.problems == 1, out
     assert f"Sentinels {sentinel_setup.sentinels}" in out
+
+
+@pytest.fixture
+def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """A master and a Sentinel that speak only TLS and require client certificates
+    (the Sentinel reaches the master over TLS too): (master port, Sentinel port)."""
+    master, sentinel = free_ports(2)
+    tls = [f"--tls-cert-file {certificates / 'server.crt'}",
+           f"--tls-key-file {certificates / 'server.key'}",
+           f"--tls-ca-cert-file {certificates / 'ca.crt'}", "--tls-auth-clients yes",
+           "--tls-replication yes"]  # fmt: skip
+    options = [part for option in tls for part in option.split(" ", 1)]
+    started: list[int] = []
+    try:
+        subprocess.run(
+            ["redis-server", "--port", "0", "--tls-port", str(master), "--bind", "127.0.0.1",
+             "--requirepass", PASSWORD, "--save", "", "--appendonly", "no",
+             "--dir", str(tmp_path), "--daemonize", "yes",
+             "--logfile", str(tmp_path / "master.log"), *options],
+            check=True,
+        )  # fmt: skip
+        started.append(master)
+        config = tmp_path / "sentinel.conf"
+        config.write_text(
+            f"port 0\ntls-port {sentinel}\nbind 127.0.0.1\ndaemonize yes\ndir {tmp_path}\n"
+            f"logfile {tmp_path / 'sentinel.log'}\n"
+            + "".join(f"{option}\n" for option in (o.lstrip("-") for o in tls))
+            + f"requirepass {SENTINEL_PASSWORD}\n"
+            f"sentinel monitor {MASTER} 127.0.0.1 {master} 1\n"
+            f"sentinel auth-pass {MASTER} {PASSWORD}\n"
+        )
+        subprocess.run(["redis-server", str(config), "--sentinel"], check=True)
+        started.append(sentinel)
+        yield master, sentinel
+    finally:
+        for port in started:
+            password = SENTINEL_PASSWORD if port == sentinel else PASSWORD
+            subprocess.run(
+                ["redis-cli", "--tls", "--cacert", str(certificates / "ca.crt"),
+                 "--cert", str(certificates / "client.crt"),
+                 "--key", str(certificates / "client.key"), "--no-auth-warning",
+                 "-a", password, "-p", str(port), "shutdown", "nosave"],
+                capture_output=True,
+            )  # fmt: skip
+
+
+async def test_sentinel_and_master_over_tls(
+    tls_sentinel_setup: tuple[int, int],
+    certificates: Path,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    make_settings: Callable[..., Settings],
+    names: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`rediss://` with Sentinels: the worker asks the Sentinel over TLS with the CA and
+    client certificate of its settings, then writes to the master over TLS; `check`
+    finds the master the same way, and without the client certificate it is refused in
+    one line."""
+    from worker.ops.check import Report, _check_redis
+
+    master, sentinel = tls_sentinel_setup
+    settings: dict[str, Any] = {
+        "redis_url": f"rediss://:{PASSWORD}@127.0.0.1:1/0",
+        "redis_sentinels": f"127.0.0.1:{sentinel}",
+        "redis_sentinel_master": MASTER,
+        "redis_sentinel_password": SENTINEL_PASSWORD,
+        "redis_ca_file": certificates / "ca.crt",
+        "redis_cert_file": certificates / "client.crt",
+        "redis_key_file": certificates / "client.key",
+    }
+    report = Report()
+    await _check_redis(make_settings(**settings), report)
+    out = capsys.readouterr().out
+    assert report.problems == 0, out
+    assert f"now at 127.0.0.1:{master}" in out
+
+    request_id = f"rst-{uuid.uuid4().hex[:10]}"
+    client = aioredis.Redis(
+        host="127.0.0.1", port=master, password=PASSWORD, ssl=True,
+        ssl_ca_certs=str(certificates / "ca.crt"),
+        ssl_certfile=str(certificates / "client.crt"),
+        ssl_keyfile=str(certificates / "client.key"), decode_responses=True,
+    )  # fmt: skip
+    try:
+        async with run_worker(**settings):
+            await producer.publish(
+                {"request_id": request_id, "inputs": "over tls ",
+                 "parameters": {"max_new_tokens": 20}}
+            )  # fmt: skip
+            await assert_complete(client, names["stream_prefix"], {request_id: "over tls "}, 20)
+    finally:
+        await client.aclose()
+
+    without_certificate = {**settings, "redis_cert_file": None, "redis_key_file": None}
+    report = Report()
+    await _check_redis(make_settings(**without_certificate), report)
+    out = capsys.readouterr().out
+    assert report.problems == 1, out
+    assert "CERTIFICATE_REQUIRED" in out, "the Sentinel's own refusal, not a client repr"
+    assert "redis.asyncio" not in out

@@ -12,6 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
+    MasterNotFoundError,
     Sentinel,
     SentinelManagedConnection,
     SentinelManagedSSLConnection,
@@ -164,6 +165,32 @@ class _SentinelMaster(aioredis.Redis):
             await client.aclose()
 
 
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel client, with a failed discovery said in one readable line:
+    what each Sentinel answered (its error, or that it names no such master) instead of
+    the clients' reprs, where a TLS or password failure was lost."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        try:
+            address: tuple[str, int] = await super().discover_master(service_name)
+        except MasterNotFoundError:
+            reasons = []
+            for client in self.sentinels:
+                kwargs = client.connection_pool.connection_kwargs
+                where = f"{kwargs.get('host')}:{kwargs.get('port')}"
+                try:
+                    masters = await client.sentinel_masters()
+                except (RedisError, OSError) as exc:
+                    reasons.append(f"{where}: {' '.join(str(exc).split()) or type(exc).__name__}")
+                else:
+                    state = "names it down" if service_name in masters else "knows no such master"
+                    reasons.append(f"{where} {state}")
+            raise MasterNotFoundError(
+                f"no Sentinel named a master {service_name!r} ({'; '.join(reasons)})"
+            ) from None
+        return address
+
+
 def sentinel_master(
     url: str,
     settings: Settings,
@@ -197,7 +224,7 @@ def sentinel_master(
         "password": settings.redis_sentinel_password,
         **({"ssl": True, **tls_files} if tls else {}),
     }
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = _Sentinels(  # type: ignore[no-untyped-call]
         sentinel_addresses(settings.redis_sentinels), sentinel_kwargs=sentinel_options
     )
     master: aioredis.Redis = sentinel.master_for(
