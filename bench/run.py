@@ -43,6 +43,7 @@ class Scenario:
     batch: int
     concurrency: int  # jobs published before waiting (the rest follow as jobs end)
     description: str
+    tokens_per_step: int = 1  # the echo engine's, as with speculative decoding or MTP
 
 
 SCENARIOS = {
@@ -53,6 +54,16 @@ SCENARIOS = {
         Scenario("realistic", 64, 512, 20, 64, 64, "64 streams x 512 tokens, 20 ms step"),
         Scenario("short", 5000, 1, 0, 256, 5000, "5,000 jobs of 1 token"),
         Scenario("soak", 100_000, 1, 0, 256, 2000, "100,000 jobs of 1 token: RSS growth"),
+        Scenario(
+            "multitoken",
+            256,
+            1024,
+            0,
+            256,
+            256,
+            "256 streams x 256 steps of 4 tokens vs. 256 steps of 1 token, same run",
+            tokens_per_step=4,
+        ),
         Scenario(
             "cluster",
             256,
@@ -168,6 +179,7 @@ def start_worker(
         WORKER_HTTP_PORT=str(port),
         WORKER_HTTP_HOST="127.0.0.1",
         WORKER_ECHO_STEP_MS=str(scenario.step_ms),
+        WORKER_ECHO_TOKENS_PER_STEP=str(scenario.tokens_per_step),
         WORKER_MAX_BATCH=str(scenario.batch),
         WORKER_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)),
         WORKER_DEFAULT_MAX_NEW_TOKENS=str(max(scenario.tokens, 16)),
@@ -261,22 +273,43 @@ def multi_key_reader(redis: aioredis.Redis) -> Reader:
     return read
 
 
-def per_key_reader(redis: aioredis.Redis | RedisCluster) -> Reader:
-    """One XREAD per stream, pipelined (per node on a cluster, where a multi-key XREAD
-    would span slots); after a round that found nothing, one blocking XREAD on the
-    oldest open stream waits for the worker instead of polling."""
+class PerKeyReader:
+    """One XREAD per stream, pipelined; on a cluster (where a multi-key XREAD would span
+    slots) one plain pipeline per node, so that reading costs the bench's subscriber,
+    which shares the worker's cores, the same per stream on both (redis-py's cluster
+    pipeline costs several times more). After a round that found nothing, one blocking
+    XREAD on the oldest open stream waits for the worker instead of polling."""
 
-    async def read(streams: dict[str, str]) -> Reply:
-        pipe = redis.pipeline(transaction=False)
+    def __init__(self, redis: aioredis.Redis | RedisCluster) -> None:
+        self.redis = redis
+        self.nodes: dict[str, aioredis.Redis] = {}
+
+    def _client(self, key: str) -> aioredis.Redis:
+        if isinstance(self.redis, aioredis.Redis):
+            return self.redis
+        node = self.redis.get_node_from_key(key)
+        if node.name not in self.nodes:
+            self.nodes[node.name] = aioredis.Redis(
+                host=node.host, port=int(node.port), decode_responses=True
+            )
+        return self.nodes[node.name]
+
+    async def __call__(self, streams: dict[str, str]) -> Reply:
+        pipes: dict[int, Any] = {}
         for key, last in streams.items():
+            client = self._client(key)
+            pipe = pipes.setdefault(id(client), client.pipeline(transaction=False))
             pipe.xread({key: last}, count=5000)
-        reply = [item for result in await pipe.execute() for item in result or []]
+        results = await asyncio.gather(*(pipe.execute() for pipe in pipes.values()))
+        reply = [item for replies in results for result in replies for item in result or []]
         if reply or not streams:
             return reply
         key, last = next(iter(streams.items()))
-        return await redis.xread({key: last}, block=1000, count=5000)  # type: ignore[no-any-return]
+        return await self._client(key).xread({key: last}, block=1000, count=5000)  # type: ignore[no-any-return]
 
-    return read
+    async def aclose(self) -> None:
+        for client in self.nodes.values():
+            await client.aclose()
 
 
 def redis_cli(port: int, *args: str) -> str:
@@ -340,11 +373,8 @@ async def run_scenario(  # noqa: C901
         if cluster
         else aioredis.Redis.from_url(redis_url, decode_responses=True)
     )
-    read = (
-        per_key_reader(redis)
-        if per_key or isinstance(redis, RedisCluster)
-        else multi_key_reader(redis)
-    )
+    per_key_reader = PerKeyReader(redis)
+    read = per_key_reader if per_key or isinstance(redis, RedisCluster) else multi_key_reader(redis)
     connection = await aio_pika.connect(AMQP_URL)
     try:
         await wait_ready(port)
@@ -465,6 +495,7 @@ async def run_scenario(  # noqa: C901
             await channel2.queue_delete(name)
         await channel2.exchange_delete(f"{queue}.cancel")
         await connection.close()
+        await per_key_reader.aclose()
         await redis.aclose()
 
 
@@ -583,6 +614,39 @@ def compare_cluster(scenario: Scenario, ceiling: float) -> None:
     )
 
 
+def compare_tokens_per_step(scenario: Scenario, ceiling: float) -> None:
+    """The same number of engine steps with several tokens per step (as speculative
+    decoding and MTP hand over) and with one, in the order one, several, several, one."""
+    one = dataclasses.replace(
+        scenario, name="multitoken-1", tokens=scenario.tokens // scenario.tokens_per_step,
+        tokens_per_step=1,
+    )  # fmt: skip
+    results: dict[int, list[Result]] = {1: [], scenario.tokens_per_step: []}
+    for each in (one, scenario, scenario, one):
+        results[each.tokens_per_step].append(asyncio.run(run_scenario(each, ceiling)))
+    several = scenario.tokens_per_step
+
+    def mean(runs: list[Result], figure: str) -> float:
+        return round(sum(float(getattr(r, figure)) for r in runs) / len(runs), 4)
+
+    figures = ("tokens_per_s", "cpu_s_per_1000_tokens", "ttft_ms_p50", "ttft_ms_p99")
+    data: dict[str, Any] = {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "one_per_step": {f: mean(results[1], f) for f in figures},
+        f"{several}_per_step": {f: mean(results[several], f) for f in figures},
+        "runs": {str(k): [summary(r) for r in v] for k, v in results.items()},
+        "redis_xadd_per_s": round(ceiling, 1),
+    }
+    gain = data[f"{several}_per_step"]["tokens_per_s"] / data["one_per_step"]["tokens_per_s"]
+    data["gain"] = round(gain, 3)
+    (RESULTS / "multitoken.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(
+        f"{scenario.name:>10}: {data[f'{several}_per_step']['tokens_per_s']:>10,.0f} tokens/s at"
+        f" {several} per step vs {data['one_per_step']['tokens_per_s']:,.0f} at 1 ({gain:.2f} x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -610,6 +674,9 @@ def main() -> None:
             continue
         if name == "cluster":
             compare_cluster(SCENARIOS[name], ceiling)
+            continue
+        if name == "multitoken":
+            compare_tokens_per_step(SCENARIOS[name], ceiling)
             continue
         result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
         (RESULTS / f"{name}.json").write_text(json.dumps(summary(result), indent=2) + "\n")

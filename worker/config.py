@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
     http_host: str = "0.0.0.0"
     echo_step_ms: Annotated[float, Field(ge=0, le=60_000)] = 0
+    # tokens each request gains per step, as with speculative decoding or MTP
+    echo_tokens_per_step: Annotated[int, Field(ge=1, le=64)] = 1
     echo_fault_token_id: Annotated[int, Field(ge=0)] | None = None
     echo_crash_token_id: Annotated[int, Field(ge=0)] | None = None
     queue_type: Literal["quorum", "classic"] = "quorum"

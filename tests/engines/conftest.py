@@ -64,14 +64,21 @@ def create_trtllm(settings: Settings) -> Engine:
 
 
 @pytest.fixture(
-    params=["echo", "trtllm", "trtllm-executor", "trtllm:3-per-step", "trtllm-executor:3-per-step"]
+    params=[
+        "echo",
+        "echo:3-per-step",
+        "trtllm",
+        "trtllm-executor",
+        "trtllm:3-per-step",
+        "trtllm-executor:3-per-step",
+    ]
 )
 def make_engine(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[EngineFactory]:
     """`make_engine(capacity=64)` builds the engine under test; shut down afterwards.
-    `:3-per-step`: the double hands over three tokens per request per iteration, as
-    speculative decoding and MTP do."""
+    `:3-per-step`: the engine (the echo engine, or the double) hands over three tokens
+    per request per iteration, as speculative decoding and MTP do."""
     kind, _, variant = str(request.param).partition(":")
     engines: list[Engine] = []
     if kind != "echo":
@@ -82,7 +89,12 @@ def make_engine(
     def make(capacity: int = 64) -> Engine:
         engine: Engine
         if kind == "echo":
-            engine = EchoEngine(capacity=capacity, step_s=0.001, fault_token=POISON)
+            engine = EchoEngine(
+                capacity=capacity,
+                step_s=0.001,
+                tokens_per_step=3 if variant else 1,
+                fault_token=POISON,
+            )
         else:
             engine = create_trtllm(trtllm_settings(tmp_path, kind, max_batch=capacity))
         engines.append(engine)

@@ -8,6 +8,8 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from tests.integration.conftest import (
     Producer,
     Subscriber,
@@ -15,6 +17,10 @@ from tests.integration.conftest import (
     terminal,
     tokens,
 )
+
+# tokens per engine step: 1, and 4 as speculative decoding or MTP hand over (a stop
+# sequence, an EOS or max_new_tokens then falls in the middle of a step)
+PER_STEP = pytest.mark.parametrize("per_step", [1, 4], ids=["1-per-step", "4-per-step"])
 
 
 def rid() -> str:
@@ -63,21 +69,23 @@ async def test_message_id_names_the_request_and_metadata_is_echoed(
     assert json.loads(done["metadata"]) == metadata
 
 
+@PER_STEP
 async def test_default_max_new_tokens_applies(
-    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, per_step: int
 ) -> None:
     request_id = rid()
-    async with run_worker(default_max_new_tokens=5):
+    async with run_worker(default_max_new_tokens=5, echo_tokens_per_step=per_step):
         await producer.publish({"request_id": request_id, "inputs": "xy"})
         entries = await subscriber.read_until_terminal(request_id)
     assert terminal(entries)["generated_tokens"] == "5"
 
 
+@PER_STEP
 async def test_stop_sequence_ends_generation_and_is_not_published(
-    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, per_step: int
 ) -> None:
     request_id = rid()
-    async with run_worker():
+    async with run_worker(echo_tokens_per_step=per_step):
         await producer.publish(
             {
                 "request_id": request_id,
@@ -94,12 +102,13 @@ async def test_stop_sequence_ends_generation_and_is_not_published(
     assert int(done["generated_tokens"]) == len(tokens(entries)) == len("one two t")
 
 
+@PER_STEP
 async def test_eos_ends_the_job_without_its_text(
-    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, per_step: int
 ) -> None:
     eos_job, min_job, ignore_job, keep_job = rid(), rid(), rid(), rid()
     prompt = [104, 105, 256]  # "hi</s>" with the built-in tokenizer
-    async with run_worker(eos_token="</s>"):
+    async with run_worker(eos_token="</s>", echo_tokens_per_step=per_step):
         await producer.publish({"request_id": eos_job, "input_ids": prompt})
         await producer.publish(
             {"request_id": min_job, "input_ids": prompt, "parameters": {"min_new_tokens": 4}}

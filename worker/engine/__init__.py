@@ -30,6 +30,7 @@ def engine_factory(settings: Settings, tokenizer: TokenizerInfo) -> Callable[[],
         return lambda: EchoEngine(
             capacity=settings.max_batch,
             step_s=settings.echo_step_ms / 1000,
+            tokens_per_step=settings.echo_tokens_per_step,
             fault_token=settings.echo_fault_token_id,
             crash_token=settings.echo_crash_token_id,
         )

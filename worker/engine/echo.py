@@ -1,6 +1,8 @@
 """The built-in echo engine: generated token k is prompt token k mod n. It stands in for
-a GPU in tests and benchmarks: all in-flight requests advance together, one token per
-step of `step_s` seconds, at most `capacity` of them at once (the rest wait). EOS ids,
+a GPU in tests and benchmarks: all in-flight requests advance together, `tokens_per_step`
+tokens per step of `step_s` seconds (more than one: as with speculative decoding or
+MTP, where TensorRT-LLM hands over several tokens per request per step), at most
+`capacity` of them at once (the rest wait). EOS ids,
 stop token ids, `min_new_tokens` and `max_new_tokens` end requests as a model's would;
 sampling parameters and guided decoding (checked at intake) are ignored."""
 
@@ -36,11 +38,13 @@ class EchoEngine:
         *,
         capacity: int,
         step_s: float,
+        tokens_per_step: int = 1,
         fault_token: int | None = None,
         crash_token: int | None = None,
     ) -> None:
         self._capacity = capacity
         self._step_s = step_s
+        self._tokens_per_step = tokens_per_step
         self._fault_token = fault_token
         self._crash_token = crash_token
         self._waiting: deque[EngineRequest] = deque()
@@ -134,7 +138,7 @@ class EchoEngine:
         finished = []
         now = time.time()
         for request_id, running in self._running.items():
-            output = self._advance(running, now)
+            output = self._advance(running, now, self._tokens_per_step)
             outputs.append(output)
             if output.finish is not None:
                 finished.append(request_id)
@@ -143,22 +147,27 @@ class EchoEngine:
         return outputs
 
     @staticmethod
-    def _advance(running: _Running, now: float) -> EngineOutput:
+    def _advance(running: _Running, now: float, tokens: int) -> EngineOutput:
+        """Up to `tokens` more tokens; a step ends early where the request finishes (an
+        EOS or stop token, or `max_new_tokens`, in the middle of the step)."""
         request = running.request
         if running.cancelled:
             return EngineOutput(request.id, [], finish=FinishReason.CANCELLED)
         if request.deadline is not None and now >= request.deadline:
             return EngineOutput(request.id, [], finish=FinishReason.DEADLINE)
-        token = running.source[running.generated % len(running.source)]
-        running.generated += 1
-        produced = running.generated - request.resumed_tokens
-        logprobs = [0.0] if request.return_logprobs else None
+        generated: list[int] = []
         finish = None
-        may_stop = produced >= request.min_new_tokens
-        if may_stop and not request.ignore_eos and token in request.eos_ids:
-            finish = FinishReason.EOS_TOKEN
-        elif may_stop and token in request.stop_token_ids:
-            finish = FinishReason.STOP_SEQUENCE
-        elif produced >= request.max_new_tokens:
-            finish = FinishReason.LENGTH
-        return EngineOutput(request.id, [token], logprobs, finish)
+        while finish is None and len(generated) < tokens:
+            token = running.source[running.generated % len(running.source)]
+            running.generated += 1
+            generated.append(token)
+            produced = running.generated - request.resumed_tokens
+            may_stop = produced >= request.min_new_tokens
+            if may_stop and not request.ignore_eos and token in request.eos_ids:
+                finish = FinishReason.EOS_TOKEN
+            elif may_stop and token in request.stop_token_ids:
+                finish = FinishReason.STOP_SEQUENCE
+            elif produced >= request.max_new_tokens:
+                finish = FinishReason.LENGTH
+        logprobs = [0.0] * len(generated) if request.return_logprobs else None
+        return EngineOutput(request.id, generated, logprobs, finish)
