@@ -67,7 +67,7 @@ SCENARIOS = {
         Scenario(
             "cluster",
             256,
-            512,
+            1024,
             0,
             256,
             256,
@@ -375,6 +375,8 @@ async def run_scenario(  # noqa: C901
     )
     per_key_reader = PerKeyReader(redis)
     read = per_key_reader if per_key or isinstance(redis, RedisCluster) else multi_key_reader(redis)
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()  # the slot map, before the first read asks for a node
     connection = await aio_pika.connect(AMQP_URL)
     try:
         await wait_ready(port)
