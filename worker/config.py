@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")] = "generate"
     stream_prefix: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]*$")] = "gen:"
     stream_ttl_s: PositiveInt = 3600
+    # this long after a stream's terminal entry its token entries are trimmed
+    stream_compact_after_s: Annotated[float, Field(gt=0)] | None = None
     engine: Literal["echo", "trtllm", "trtllm-executor"] = "echo"
     tokenizer: Path | None = None
     eos_token: Annotated[str, Field(min_length=1)] | None = None

@@ -93,6 +93,7 @@ class Service:
             ttl_s=settings.stream_ttl_s,
             lease_ttl_s=settings.lease_ttl_s,
             min_replicas=settings.redis_min_replicas,
+            compact_after_s=settings.stream_compact_after_s,
         )
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))

@@ -190,6 +190,23 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+_COMPACT = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if not last then return 0 end
+local fields = last[2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'event' then
+    if fields[i + 1] == 'done' or fields[i + 1] == 'error' then
+      return redis.call('XTRIM', KEYS[1], 'MAXLEN', 1)
+    end
+    return 0
+  end
+end
+return 0
+"""
+"""Trim a finished stream to its terminal entry (which holds `generated_text`); a stream
+whose last entry is not terminal (expired and begun again) is left alone."""
+
 ScriptCall = tuple[Sequence[Any], Sequence[Any]]
 """A script's KEYS and ARGV."""
 
@@ -283,8 +300,13 @@ class StreamStore:
         ttl_s: int,
         lease_ttl_s: float = 10.0,
         min_replicas: int = 0,
+        compact_after_s: float | None = None,
     ) -> None:
         self.client = client
+        self.compact_after_s = compact_after_s
+        """Set: that long after a stream ends, `compact` trims it (a timer in this
+        process: a worker that stops first leaves the stream whole until its TTL)."""
+        self._compactions: set[asyncio.Task[int]] = set()
         self.cluster = isinstance(client, RedisCluster)
         if self.cluster and min_replicas:
             raise ConfigError(
@@ -301,13 +323,40 @@ class StreamStore:
         self._renew = client.register_script(_RENEW)
         self._start = client.register_script(_START)
         self._release = client.register_script(_RELEASE)
+        self._compact = client.register_script(_COMPACT)
 
     async def ping(self) -> bool:
         """Whether Redis answers: the one health check of the worker and `check`."""
         return bool(await self.client.ping())
 
     async def close(self) -> None:
+        for task in self._compactions:
+            task.cancel()
         await self.client.aclose()
+
+    async def compact(self, keys: Sequence[str]) -> int:
+        """Trim finished streams to their terminal entry now; returns the entries
+        removed."""
+        if not keys:
+            return 0
+        return sum(await self._each(self._compact, [(key, []) for key in keys]))
+
+    def _compact_later(self, keys: Sequence[str]) -> None:
+        if self.compact_after_s is None or not keys:
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.compact_after_s, self._start_compaction, list(keys))
+
+    def _start_compaction(self, keys: list[str]) -> None:
+        task = asyncio.get_running_loop().create_task(self.compact(keys))
+        self._compactions.add(task)
+        task.add_done_callback(self._compaction_done)
+
+    def _compaction_done(self, task: asyncio.Task[int]) -> None:
+        self._compactions.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # a lost compaction costs memory until the TTL, nothing else
+            log.warning("compacting finished streams failed: %s", task.exception())
 
     # -- writing --------------------------------------------------------------------
 
@@ -339,6 +388,7 @@ class StreamStore:
                 refused[key] = LEASE_LOST_REASON
             elif result == ENTRIES_LOST:
                 refused[key] = ENTRIES_LOST_REASON
+        self._compact_later([k for k, stream in streams.items() if stream.end and k not in refused])
         return refused
 
     def _slot_groups(self, keys: list[str]) -> list[list[str]]:
@@ -371,7 +421,10 @@ class StreamStore:
             return Ended.NOT_OURS
         if result == ENTRIES_LOST:
             return Ended.ENTRIES_LOST
-        return Ended.STORED if result else Ended.ALREADY_ENDED
+        if result:
+            self._compact_later([key])
+            return Ended.STORED
+        return Ended.ALREADY_ENDED
 
     # -- leases ---------------------------------------------------------------------
 
