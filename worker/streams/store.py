@@ -307,6 +307,7 @@ class StreamStore:
         """Set: that long after a stream ends, `compact` trims it (a timer in this
         process: a worker that stops first leaves the stream whole until its TTL)."""
         self._compactions: set[asyncio.Task[int]] = set()
+        self._compaction_timers: set[asyncio.TimerHandle] = set()
         self.cluster = isinstance(client, RedisCluster)
         if self.cluster and min_replicas:
             raise ConfigError(
@@ -330,6 +331,8 @@ class StreamStore:
         return bool(await self.client.ping())
 
     async def close(self) -> None:
+        for timer in self._compaction_timers:
+            timer.cancel()
         for task in self._compactions:
             task.cancel()
         await self.client.aclose()
@@ -344,8 +347,15 @@ class StreamStore:
     def _compact_later(self, keys: Sequence[str]) -> None:
         if self.compact_after_s is None or not keys:
             return
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.compact_after_s, self._start_compaction, list(keys))
+        timer: asyncio.TimerHandle | None = None
+
+        def due() -> None:
+            assert timer is not None
+            self._compaction_timers.discard(timer)
+            self._start_compaction(list(keys))
+
+        timer = asyncio.get_running_loop().call_later(self.compact_after_s, due)
+        self._compaction_timers.add(timer)
 
     def _start_compaction(self, keys: list[str]) -> None:
         task = asyncio.get_running_loop().create_task(self.compact(keys))
