@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -30,6 +32,10 @@ from redis.asyncio.cluster import RedisCluster
 from tqdm import tqdm
 
 RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).parent.parent
+BASELINE_REF = os.environ.get("BENCH_BASELINE", "1866419fe8a5afeeada680f2e8f92af0f857b52b")
+"""The code CPU per token is compared with: the worker before issue 15's per-token work
+(any git ref of this repository; BENCH_BASELINE overrides it)."""
 AMQP_URL = os.environ.get("WORKER_TEST_AMQP_URL", "amqp://guest:guest@localhost:5672/")
 REDIS_URL = os.environ.get("WORKER_TEST_REDIS_URL", "redis://localhost:6379/0")
 
@@ -44,6 +50,7 @@ class Scenario:
     concurrency: int  # jobs published before waiting (the rest follow as jobs end)
     description: str
     tokens_per_step: int = 1  # the echo engine's, as with speculative decoding or MTP
+    source: Path | None = None  # the worker's code: a baseline checkout, else this one
 
 
 SCENARIOS = {
@@ -63,6 +70,16 @@ SCENARIOS = {
             256,
             "256 streams x 256 steps of 4 tokens vs. 256 steps of 1 token, same run",
             tokens_per_step=4,
+        ),
+        Scenario(
+            "baseline",
+            256,
+            1024,
+            0,
+            256,
+            256,
+            f"256 streams x 1,024 tokens and 5,000 jobs of 1 token, this code vs."
+            f" {BASELINE_REF[:12]}, same run",
         ),
         Scenario(
             "cluster",
@@ -186,8 +203,35 @@ def start_worker(
         WORKER_LOG_LEVEL="WARNING",
         WORKER_STREAM_TTL_S="600",
     )
+    cwd = None
+    if scenario.source is not None:  # its `worker` package before the installed one
+        env["PYTHONPATH"] = str(scenario.source)
+        cwd = scenario.source
     log = open(RESULTS / f"{scenario.name}.worker.log", "wb")  # noqa: SIM115 (lives with the process)
-    return subprocess.Popen([sys.executable, "-m", "worker", "serve"], env=env, stderr=log)
+    return subprocess.Popen([sys.executable, "-m", "worker", "serve"], env=env, stderr=log, cwd=cwd)
+
+
+@contextlib.contextmanager
+def checkout(ref: str) -> Iterator[Path]:
+    """The `worker` package as it was at `ref`, in a temporary folder (git archive: the
+    working tree is not touched)."""
+    root = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", ref, "worker"],
+            capture_output=True,
+            check=False,
+        )
+        if archive.returncode != 0:
+            raise SystemExit(
+                f"baseline {ref!r} cannot be checked out: {archive.stderr.decode().strip()}"
+                " (set BENCH_BASELINE to a ref of this repository)"
+            )
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(root, filter="data")
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def start_profiler(scenario: Scenario, pid: int) -> subprocess.Popen[bytes] | None:
@@ -616,6 +660,51 @@ def compare_cluster(scenario: Scenario, ceiling: float) -> None:
     )
 
 
+def mean_of(runs: list[Result], figures: tuple[str, ...]) -> dict[str, float]:
+    return {f: round(sum(float(getattr(r, f)) for r in runs) / len(runs), 4) for f in figures}
+
+
+def compare_baseline(scenario: Scenario, ceiling: float) -> None:
+    """CPU per token and short jobs/s of this code and of `BASELINE_REF`, each run twice
+    in the order baseline, this, this, baseline (a drift of the machine's speed over the
+    run cancels out)."""
+    figures = ("tokens_per_s", "jobs_per_s", "cpu_s_per_1000_tokens", "ttft_ms_p50", "ttft_ms_p99")
+    data: dict[str, Any] = {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "baseline_ref": BASELINE_REF,
+        "redis_xadd_per_s": round(ceiling, 1),
+    }
+    short = SCENARIOS["short"]
+    with checkout(BASELINE_REF) as source:
+        for shape in (scenario, short):
+            runs: dict[str, list[Result]] = {"baseline": [], "current": []}
+            for which in ("baseline", "current", "current", "baseline"):
+                named = dataclasses.replace(
+                    shape,
+                    name=f"{scenario.name}-{shape.name}-{which}",
+                    source=source if which == "baseline" else None,
+                )
+                runs[which].append(asyncio.run(run_scenario(named, ceiling)))
+            part = {which: mean_of(results, figures) for which, results in runs.items()}
+            part["runs"] = {which: [summary(r) for r in results] for which, results in runs.items()}
+            data[shape.name if shape is short else "tokens"] = part
+    tokens, jobs = data["tokens"], data["short"]
+    cpu = tokens["current"]["cpu_s_per_1000_tokens"] / tokens["baseline"]["cpu_s_per_1000_tokens"]
+    data["cpu_per_token_vs_baseline"] = round(cpu, 3)
+    data["short_jobs_vs_baseline"] = round(
+        jobs["current"]["jobs_per_s"] / jobs["baseline"]["jobs_per_s"], 3
+    )
+    (RESULTS / "baseline.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(
+        f"{scenario.name:>10}: CPU {tokens['current']['cpu_s_per_1000_tokens'] * 1000:.2f} vs"
+        f" {tokens['baseline']['cpu_s_per_1000_tokens'] * 1000:.2f} ms per 1k tokens"
+        f" ({cpu:.2f} x of {BASELINE_REF[:12]}); {tokens['current']['tokens_per_s']:,.0f} vs"
+        f" {tokens['baseline']['tokens_per_s']:,.0f} tokens/s; short"
+        f" {jobs['current']['jobs_per_s']:,.0f} vs {jobs['baseline']['jobs_per_s']:,.0f} jobs/s"
+    )
+
+
 def compare_tokens_per_step(scenario: Scenario, ceiling: float) -> None:
     """The same number of engine steps with several tokens per step (as speculative
     decoding and MTP hand over) and with one, in the order one, several, several, one."""
@@ -679,6 +768,9 @@ def main() -> None:
             continue
         if name == "multitoken":
             compare_tokens_per_step(SCENARIOS[name], ceiling)
+            continue
+        if name == "baseline":
+            compare_baseline(SCENARIOS[name], ceiling)
             continue
         result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
         (RESULTS / f"{name}.json").write_text(json.dumps(summary(result), indent=2) + "\n")
