@@ -73,6 +73,9 @@ class IncrementalDetokenizer:
             if not _invalid_prefix(exc):
                 raise
             return self._restart(token_id)
+        if text is not None and not self._pending:
+            self._recent.append(token_id)
+            return text
         return self._account(token_id, text)
 
     def _account(self, token_id: int, text: str | None) -> str:
@@ -131,6 +134,11 @@ class StopGate:
         self._min_tokens = min_tokens
         self._held = ""
         self.matched: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether there are stop sequences to look for."""
+        return bool(self._stops)
 
     def push(self, text: str, tokens_generated: int) -> str:
         """Add one token's text; return what may be released now. After a match,

@@ -15,6 +15,7 @@ from worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
 from worker.contract.stream import Fields, FinishReason, entry_id, error_fields
 from worker.engine.base import EngineOutput
 from worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
+from worker.streams.store import Entry, StreamWrite
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,28 @@ class RequestState:
         self.texts.append(released)
         return released
 
+    def take(self, token_ids: Sequence[int], *, final: bool) -> int:
+        """Advance by one step's tokens (`final`: the request's last step); their texts
+        are appended to `texts`. Returns how many were taken: fewer than given when a
+        stop sequence matched (the rest are never published). Without stop sequences
+        and end ids among them, one pass with no per-token Python beyond the decoder."""
+        if (
+            not final
+            and not self._gate.active
+            and (not self.end_ids or self.end_ids.isdisjoint(token_ids))
+        ):
+            try:
+                self.texts += map(self._detok.step, token_ids)
+            finally:  # a decoder failure keeps the texts before it, as token_text does
+                self.next_index = len(self.texts)
+            return len(token_ids)
+        last = len(token_ids) - 1
+        for position, token_id in enumerate(token_ids):
+            self.token_text(token_id, last=final and position == last)
+            if self._gate.matched is not None:
+                return position + 1
+        return len(token_ids)
+
     @property
     def stopped(self) -> bool:
         return self._gate.matched is not None
@@ -133,13 +156,41 @@ class RequestState:
 
 @dataclass(slots=True)
 class ProcessedBatch:
-    """What one batch of engine outputs turned into."""
+    """What one batch of engine outputs turned into: per stream one write."""
 
-    entries: list[tuple[str, str, Fields]] = field(default_factory=list)
+    writes: list[StreamWrite] = field(default_factory=list)
     finished: list[tuple[RequestState, Terminal]] = field(default_factory=list)
     aborts: list[int] = field(default_factory=list)
     first_tokens: list[RequestState] = field(default_factory=list)
     tokens: int = 0
+    _by_stream: dict[int, StreamWrite] = field(default_factory=dict)
+
+    @property
+    def entries(self) -> list[Entry]:
+        """Every entry the batch stores, in order per stream."""
+        return [entry for write in self.writes for entry in write.entries()]
+
+    @property
+    def entry_count(self) -> int:
+        return self.tokens + len(self.finished)
+
+    def write_for(self, state: RequestState) -> StreamWrite:
+        """The request's write in this batch (one per stream, however many of its
+        outputs the batch holds), created at its next index."""
+        write = self._by_stream.get(state.engine_id)
+        if write is None:
+            write = StreamWrite(
+                state.key, state.next_index + 1, logprobs=[] if state.return_logprobs else None
+            )
+            self._by_stream[state.engine_id] = write
+            self.writes.append(write)
+        return write
+
+
+def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float | str]:
+    """The first `count` logprobs, '' where the engine gave none."""
+    given: list[float | str] = ["" if v is None else v for v in (logprobs or [])[:count]]
+    return given + [""] * (count - len(given))
 
 
 class OutputProcessor:
@@ -158,11 +209,12 @@ class OutputProcessor:
         return self._states.pop(engine_id, None)
 
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
-        """Turn outputs into entries. Outputs of requests no longer registered (stopped,
+        """Turn outputs into writes. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""
         batch = ProcessedBatch()
+        states = self._states
         for output in outputs:
-            state = self._states.get(output.id)
+            state = states.get(output.id)
             if state is None:
                 continue
             if output.error is not None:
@@ -173,7 +225,7 @@ class OutputProcessor:
             except Exception as exc:
                 # One request's bad output (a decoder failure) must not stop the others.
                 log.exception("request %s: processing its output failed", state.request_id)
-                if output.id not in self._states:
+                if output.id not in states:
                     continue
                 if output.finish is None:
                     batch.aborts.append(state.engine_id)
@@ -181,26 +233,21 @@ class OutputProcessor:
         return batch
 
     def _tokens(self, state: RequestState, output: EngineOutput, batch: ProcessedBatch) -> None:
-        key = state.key
-        count = len(output.token_ids)
-        logprobs = output.logprobs if state.return_logprobs else None
-        if count and state.next_index == 0:
-            batch.first_tokens.append(state)
-        for position, token_id in enumerate(output.token_ids):
-            last = output.finish is not None and position == count - 1
-            index = state.next_index
-            fields: Fields = {
-                "event": "token",
-                "index": index,
-                "token_id": token_id,
-                "text": state.token_text(token_id, last=last),
-            }
-            if logprobs is not None and position < len(logprobs):
-                logprob = logprobs[position]
-                if logprob is not None:
-                    fields["logprob"] = logprob
-            batch.entries.append((key, entry_id(index + 1), fields))
-            batch.tokens += 1
+        token_ids = output.token_ids
+        if token_ids:
+            if state.next_index == 0:
+                batch.first_tokens.append(state)
+            write = batch.write_for(state)
+            before = len(state.texts)
+            try:
+                state.take(token_ids, final=output.finish is not None)
+            finally:  # what was taken is published, even if a decoder failure follows
+                taken = len(state.texts) - before
+                write.token_ids += token_ids if taken == len(token_ids) else token_ids[:taken]
+                write.texts += state.texts[before:]
+                if write.logprobs is not None:
+                    write.logprobs += _logprobs(output.logprobs, taken)
+                batch.tokens += taken
             if state.stopped:
                 if output.finish is None:
                     batch.aborts.append(state.engine_id)
@@ -214,5 +261,5 @@ class OutputProcessor:
 
     def _finish(self, state: RequestState, fields: Fields, batch: ProcessedBatch) -> None:
         del self._states[state.engine_id]
-        batch.entries.append((state.key, entry_id(state.next_index + 1), fields))
+        batch.write_for(state).end = (entry_id(state.next_index + 1), fields)
         batch.finished.append((state, Terminal(fields, state.next_index)))

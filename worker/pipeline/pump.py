@@ -153,18 +153,19 @@ class OutputPump:
         WORKER_REDIS_BUFFER_ENTRIES, every running job is handed back (None)."""
         delay = 0.05
         while True:
-            leases = {key: self._leases.token(key) for key, _, _ in batch.entries}
+            token = self._leases.token
+            leases = {write.key: token(write.key) for write in batch.writes}
             started = time.perf_counter()
             try:
-                refused = await self._store.write(batch.entries, leases)
+                refused = await self._store.write(batch.writes, leases)
             except REDIS_FAILURES as exc:
                 self.redis_healthy = False
-                buffered = len(batch.entries) + len(self._inbox)
+                buffered = batch.entry_count + len(self._inbox)
                 if buffered > self._settings.redis_buffer_entries:
                     count = self.hand_back_all("Redis is unreachable and the buffer is full")
                     log.error("%d entries buffered: %d running jobs handed back", buffered, count)
                     return None
-                log.warning("storing %d entries failed (%s); retrying", len(batch.entries), exc)
+                log.warning("storing %d entries failed (%s); retrying", batch.entry_count, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue

@@ -38,13 +38,13 @@ from worker.contract.stream import (
     Fields,
     cancel_key,
     deliveries_key,
+    entry_id,
     lease_key,
 )
 from worker.streams.connect import NotReplicated
 
 log = logging.getLogger(__name__)
 
-_TOKEN_FIELDS = 5  # event, index, token_id, text, logprob
 LEASE_LOST = -1
 ENTRIES_LOST = -2
 LEASE_LOST_REASON = "the lease was lost: another worker owns this request now"
@@ -56,14 +56,16 @@ AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
 
 # ARGV[1]: the TTL of a finished stream. Then per stream (KEYS: stream, lease, ...):
-# lease token ('': the caller holds none), the number of token entries, the token
-# entries (id, index, token_id, text, logprob ('' for none)), then 0, or 1 and the
-# terminal entry: id ('': after the tail, unless the stream has ended already), the
-# number of fields, field, value, ... Returns per stream the entries written, -1 when the
-# fence refused (the lease is another's, or anyone's when the caller holds none), -2 when
-# the stream lacks entries before the first one given (nothing is written), or
-# 'WRONGTYPE ...' for a key that is not a stream; any other error fails the call. An
-# entry refused as "equal or smaller" was stored by an earlier try and is skipped.
+# lease token ('': the caller holds none), the seq of its first token entry, the number
+# n of token entries, 1 when logprobs follow (else 0), then n token ids, n texts, (n
+# logprobs, '' for none), then 0, or 1 and the terminal entry: id ('': after the tail,
+# unless the stream has ended already), the number of fields, field, value, ... Token
+# entry k (from 0) gets id 0-<seq + k> and index seq + k - 1. Returns per stream the
+# entries written, -1 when the fence refused (the lease is another's, or anyone's when
+# the caller holds none), -2 when the stream lacks entries before the first one given
+# (nothing is written), or 'WRONGTYPE ...' for a key that is not a stream; any other
+# error fails the call. An entry refused as "equal or smaller" was stored by an earlier
+# try and is skipped.
 _WRITE = """
 local ttl = tonumber(ARGV[1])
 
@@ -92,11 +94,11 @@ end
 -- as the sequence number before its next one. Fewer: entries stored earlier are gone (a
 -- failover promoted a replica that had not received them); writing on would leave a
 -- hole in the indices.
-local function lost(stream, id)
-  if id == '' then return false end
+local function lost(stream, seq)
+  if seq == nil then return false end
   local len = redis.pcall('XLEN', stream)
   if type(len) ~= 'number' then return false end
-  return len < tonumber(string.match(id, '-(%d+)$')) - 1
+  return len < seq - 1
 end
 
 -- The one place a stream ends: its terminal entry, its expiry, its lease released.
@@ -125,31 +127,39 @@ local results = {}
 local a = 2
 for s = 1, #KEYS, 2 do
   local stream, lease, token = KEYS[s], KEYS[s + 1], ARGV[a]
-  local count = tonumber(ARGV[a + 1])
-  local i = a + 2
-  local after = i + count * 5
+  local seq, count = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local with_logprobs = ARGV[a + 3] == '1'
+  local ids, texts = a + 4, a + 4 + count
+  local after = texts + (with_logprobs and 2 or 1) * count
   local has_end = ARGV[after] == '1'
   local nfields = has_end and tonumber(ARGV[after + 2]) or 0
   a = has_end and after + 3 + nfields * 2 or after + 1
+  local first = nil
+  if count > 0 then
+    first = seq
+  elseif has_end and ARGV[after + 1] ~= '' then
+    first = tonumber(string.match(ARGV[after + 1], '-(%d+)$'))
+  end
   local result = 0
   if not owns(lease, token) then
     result = -1
-  elseif lost(stream, count > 0 and ARGV[i] or (has_end and ARGV[after + 1] or '')) then
+  elseif lost(stream, first) then
     result = -2
   else
-    while i < after do
+    for k = 0, count - 1 do
       local ok
-      if ARGV[i + 4] == '' then
-        ok = redis.pcall('XADD', stream, ARGV[i], 'event', 'token', 'index', ARGV[i + 1],
-          'token_id', ARGV[i + 2], 'text', ARGV[i + 3])
+      local logprob = with_logprobs and ARGV[texts + count + k] or ''
+      if logprob == '' then
+        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
+          'index', seq + k - 1, 'token_id', ARGV[ids + k], 'text', ARGV[texts + k])
       else
-        ok = redis.pcall('XADD', stream, ARGV[i], 'event', 'token', 'index', ARGV[i + 1],
-          'token_id', ARGV[i + 2], 'text', ARGV[i + 3], 'logprob', ARGV[i + 4])
+        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
+          'index', seq + k - 1, 'token_id', ARGV[ids + k], 'text', ARGV[texts + k],
+          'logprob', logprob)
       end
       ok = stored(ok)
       if type(ok) == 'string' then result = ok break end
       result = result + ok
-      i = i + 5
     end
     if has_end and type(result) == 'number' then
       local fields = {}
@@ -246,46 +256,91 @@ async def mark_cancelled(client: aioredis.Redis | RedisCluster, key: str, ttl_s:
 
 
 @dataclass(slots=True)
-class _Stream:
-    """One stream's part of a batch: its token entries as script arguments, its end."""
+class StreamWrite:
+    """One stream's part of a batch, as the engine hands it over: its token entries in
+    columns (entry k has index `first_seq - 1 + k` and id `0-<first_seq + k>`), then
+    maybe its terminal entry. Columns, not an entry per token: the script builds each
+    entry's id and fields, so the worker sends two values per token and makes no
+    object per token."""
 
-    tokens: list[str | int | float] = field(default_factory=list)
+    key: str
+    first_seq: int
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[float | str] | None = None
+    """Per token its logprob, '' for none; None: the request asked for none."""
     end: tuple[str, Fields] | None = None
+    """(entry id or AFTER_TAIL, fields) of the terminal entry."""
+
+    def entries(self) -> list[Entry]:
+        """The entries this write stores, as subscribers will read them."""
+        stored: list[Entry] = []
+        for k, (token_id, text) in enumerate(zip(self.token_ids, self.texts, strict=True)):
+            fields: Fields = {
+                "event": TOKEN,
+                "index": self.first_seq - 1 + k,
+                "token_id": token_id,
+                "text": text,
+            }
+            if self.logprobs is not None and self.logprobs[k] != "":
+                fields["logprob"] = self.logprobs[k]
+            stored.append((self.key, entry_id(self.first_seq + k), fields))
+        if self.end is not None:
+            stored.append((self.key, *self.end))
+        return stored
 
 
-def _per_stream(entries: Sequence[Entry]) -> dict[str, _Stream]:
-    streams: dict[str, _Stream] = {}
+def writes_of(entries: Sequence[Entry]) -> list[StreamWrite]:
+    """Entries (in order, token entries with contiguous ids per stream) as writes: for
+    callers that hold whole entries rather than an engine's columns."""
+    writes: list[StreamWrite] = []
+    last: dict[str, StreamWrite] = {}
     for key, seq_id, fields in entries:
-        stream = streams.get(key)
-        if stream is None:
-            stream = streams[key] = _Stream()
-        if fields["event"] == TOKEN and len(fields) <= _TOKEN_FIELDS:
-            stream.tokens += (
-                seq_id,
-                fields["index"],
-                fields["token_id"],
-                fields["text"],
-                fields.get("logprob", ""),
-            )
-        else:
-            stream.end = (seq_id, fields)
-    return streams
+        write = last.get(key)
+        if fields["event"] != TOKEN:
+            if write is None or write.end is not None:
+                write = last[key] = StreamWrite(key, 1)
+                writes.append(write)
+            write.end = (seq_id, fields)
+            continue
+        seq = int(seq_id.rsplit("-", 1)[1])
+        if write is None or write.end is not None or write.first_seq + len(write.texts) != seq:
+            write = last[key] = StreamWrite(key, seq)
+            writes.append(write)
+        write.token_ids.append(int(fields["token_id"]))
+        write.texts.append(str(fields["text"]))
+        if "logprob" in fields:
+            if write.logprobs is None:
+                write.logprobs = [""] * (len(write.texts) - 1)
+            write.logprobs.append(float(fields["logprob"]))
+        elif write.logprobs is not None:
+            write.logprobs.append("")
+    return writes
 
 
 def _write_call(
-    keys: list[str], streams: dict[str, _Stream], leases: Mapping[str, str], ttl_s: int
+    writes: Sequence[StreamWrite], leases: Mapping[str, str], ttl_s: int
 ) -> tuple[list[Any], list[Any]]:
-    """The `_WRITE` script's KEYS and ARGV for these streams."""
+    """The `_WRITE` script's KEYS and ARGV for these writes."""
     script_keys: list[Any] = []
     args: list[Any] = [ttl_s]
-    for key in keys:
-        stream = streams[key]
+    for write in writes:
+        key = write.key
         script_keys += (key, lease_key(key))
-        args += (leases.get(key, ""), len(stream.tokens) // 5, *stream.tokens)
-        if stream.end is None:
+        lease = leases.get(key, "")
+        if write.logprobs is None:
+            args += (lease, write.first_seq, len(write.token_ids), 0)
+            args += write.token_ids
+            args += write.texts
+        else:
+            args += (lease, write.first_seq, len(write.token_ids), 1)
+            args += write.token_ids
+            args += write.texts
+            args += write.logprobs
+        if write.end is None:
             args.append(0)
         else:
-            seq_id, fields = stream.end
+            seq_id, fields = write.end
             args += (1, seq_id, len(fields), *chain.from_iterable(fields.items()))
     return script_keys, args
 
@@ -370,7 +425,9 @@ class StreamStore:
 
     # -- writing --------------------------------------------------------------------
 
-    async def write(self, entries: Sequence[Entry], leases: Mapping[str, str]) -> dict[str, str]:
+    async def write(
+        self, writes: Sequence[StreamWrite], leases: Mapping[str, str]
+    ) -> dict[str, str]:
         """Store one batch in one round trip: per stream its entries in order, fenced by
         its lease token in `leases` (a stream without one is written only while nobody
         holds its lease). A terminal entry ends its stream (expiry, lease released).
@@ -378,35 +435,37 @@ class StreamStore:
         key for good (it is not a stream). Raises on connection errors (then the batch
         can be retried: ids make a retry idempotent). On a cluster: one call per hash
         slot, pipelined per node (`_pipelined`)."""
-        if not entries:
+        if not writes:
             return {}
-        streams = _per_stream(entries)
-        groups = self._slot_groups(list(streams))
-        calls = [_write_call(keys, streams, leases, self._ttl_s) for keys in groups]
+        groups = self._slot_groups(writes)
+        calls = [_write_call(group, leases, self._ttl_s) for group in groups]
         if self.cluster:
             replies = await self._pipelined(self._write, calls)
-        elif self.min_replicas and any(stream.end for stream in streams.values()):
+        elif self.min_replicas and any(write.end for write in writes):
             replies = [await self._replicated(*calls[0])]
         else:
             replies = [await self._write(*calls[0])]
         refused: dict[str, str] = {}
         results = (result for reply in replies for result in reply)
-        for key, result in zip((k for keys in groups for k in keys), results, strict=True):
+        for write, result in zip((w for group in groups for w in group), results, strict=True):
+            if result.__class__ is int and result >= 0:
+                continue
             if isinstance(result, bytes):
-                refused[key] = result.decode(errors="replace")
+                refused[write.key] = result.decode(errors="replace")
             elif result == LEASE_LOST:
-                refused[key] = LEASE_LOST_REASON
+                refused[write.key] = LEASE_LOST_REASON
             elif result == ENTRIES_LOST:
-                refused[key] = ENTRIES_LOST_REASON
-        self._compact_later([k for k, stream in streams.items() if stream.end and k not in refused])
+                refused[write.key] = ENTRIES_LOST_REASON
+        if self.compact_after_s is not None:
+            self._compact_later([w.key for w in writes if w.end and w.key not in refused])
         return refused
 
-    def _slot_groups(self, keys: list[str]) -> list[list[str]]:
+    def _slot_groups(self, writes: Sequence[StreamWrite]) -> list[Sequence[StreamWrite]]:
         if not self.cluster:
-            return [keys]
-        groups: dict[int, list[str]] = {}
-        for key in keys:
-            groups.setdefault(key_slot(key.encode()), []).append(key)
+            return [writes]
+        groups: dict[int, list[StreamWrite]] = {}
+        for write in writes:
+            groups.setdefault(key_slot(write.key.encode()), []).append(write)
         return list(groups.values())
 
     async def end(
@@ -417,9 +476,9 @@ class StreamStore:
         (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
         appends after whatever the stream holds, unless it has ended already. Raises
         `StreamUnusable` when the key is not a stream."""
-        keys = [key, lease_key(key)]
-        args: list[Any] = [self._ttl_s, lease, 0, 1, seq_id, len(fields)]
-        args += chain.from_iterable(fields.items())
+        keys, args = _write_call(
+            [StreamWrite(key, 1, end=(seq_id, fields))], {key: lease}, self._ttl_s
+        )
         if self.min_replicas:
             reply = await self._replicated(keys, args)
         else:
