@@ -37,7 +37,8 @@ RUN groupadd --gid 1000 worker \
     && useradd --uid 1000 --gid 1000 --home-dir /home/worker --create-home \
         --shell /usr/sbin/nologin worker
 COPY --from=wheel /wheels /tmp/wheels
-RUN pip install --no-cache-dir /tmp/wheels/*.whl dumb-init==1.2.5.post1 \
+RUN wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
+    && pip install --no-cache-dir "${wheel}[uvloop]" dumb-init==1.2.5.post1 \
     && rm -rf /tmp/wheels
 USER 1000:1000
 WORKDIR /home/worker
@@ -71,7 +72,7 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
     && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
     && python3 -m pip install --no-cache-dir --constraint /tmp/image-packages.txt \
-        "${wheel}[trtllm]" dumb-init==1.2.5.post1 \
+        "${wheel}[trtllm,uvloop]" dumb-init==1.2.5.post1 \
     && python3 -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
     && rm -rf /tmp/wheels /tmp/image-packages.txt \
     && test -x /opt/nvidia/nvidia_entrypoint.sh

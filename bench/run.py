@@ -235,8 +235,11 @@ def checkout(ref: str) -> Iterator[Path]:
 
 
 def start_profiler(scenario: Scenario, pid: int) -> subprocess.Popen[bytes] | None:
-    """With BENCH_PROFILE set: py-spy's collapsed stacks of the worker, for hot spots."""
-    if not os.environ.get("BENCH_PROFILE"):
+    """With BENCH_PROFILE set: py-spy's collapsed stacks of the worker, for hot spots
+    (BENCH_PROFILE=gil: only the thread holding the GIL, which is where Python spends
+    CPU; threads waiting on a lock or a socket are left out)."""
+    mode = os.environ.get("BENCH_PROFILE")
+    if not mode:
         return None
     profile = RESULTS / f"{scenario.name}.profile.txt"
     return subprocess.Popen(
@@ -252,6 +255,7 @@ def start_profiler(scenario: Scenario, pid: int) -> subprocess.Popen[bytes] | No
             "-r",
             "1000",
             "--nonblocking",
+            *(["--gil"] if mode == "gil" else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

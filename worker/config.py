@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     guided_decoding: Literal["xgrammar", "llguidance", "none"] = "xgrammar"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """auto: uvloop when it is installed (the `uvloop` extra), else asyncio's own."""
 
     # TensorRT-LLM engines (ignored by echo)
     model: Path | None = None

@@ -187,7 +187,7 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     redis-py's cluster pipeline, which follows it. The batch lands on the slot's new
     node, and the client's map is corrected."""
     from worker.streams.connect import connect_redis
-    from worker.streams.store import StreamStore, writes_of
+    from worker.streams.store import StreamStore, WriteBatch
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)
@@ -202,7 +202,7 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
         for port in redis_cluster.ports:  # an empty slot moves with one command per node
             redis_cli_ok(port, "cluster", "setslot", str(slot), "node", ids[new])
         assert client.nodes_manager.get_node_from_slot(slot).port == old, "map stale"
-        assert await store.write(writes_of(batch), {}) == {}
+        assert await store.write(WriteBatch.of_entries(batch, {}, cluster=True)) == {}
         assert client.nodes_manager.get_node_from_slot(slot).port == new, "map corrected"
         assert redis_cli(new, "xlen", keys[0]).strip() == "1", "on the slot's new node"
         for key in keys:

@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.integration.conftest import Producer, Subscriber, terminal, worker_env
+from tests.integration.conftest import Producer, Spawn, Subscriber, terminal, worker_env
 from tests.services import ServiceUrls
+from worker.contract.errors import ConfigError
+from worker.service import event_loop_factory
 
 
 def rid() -> str:
@@ -142,3 +144,33 @@ async def test_passwords_never_reach_the_logs(
     assert "Sup3r-s3cret" not in text
     assert ":guest@" not in text
     assert "guest:***@" in text or not reachable
+
+
+@pytest.mark.parametrize(("setting", "loop"), [(None, "uvloop"), ("asyncio", "asyncio")])
+async def test_the_worker_runs_on_uvloop_when_installed_unless_told_otherwise(
+    spawn: Spawn,
+    producer: Producer,
+    subscriber: Subscriber,
+    setting: str | None,
+    loop: str,
+) -> None:
+    """WORKER_EVENT_LOOP=auto (the default) takes uvloop, which the test environment
+    installs as the image does; `asyncio` keeps asyncio's own loop. Jobs run on either."""
+    worker = await spawn(**({} if setting is None else {"WORKER_EVENT_LOOP": setting}))
+    assert f"event loop {loop}" in worker.log()
+    request_id = rid()
+    await producer.publish(
+        {"request_id": request_id, "inputs": "loop", "parameters": {"max_new_tokens": 8}}
+    )
+    done = terminal(await subscriber.read_until_terminal(request_id))
+    assert (done["event"], done["generated_tokens"]) == ("done", "8")
+
+
+def test_uvloop_asked_for_but_not_installed_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now fails
+    assert event_loop_factory("auto") is None
+    assert event_loop_factory("asyncio") is None
+    with pytest.raises(ConfigError, match="WORKER_EVENT_LOOP: uvloop is not installed"):
+        event_loop_factory("uvloop")

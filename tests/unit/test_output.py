@@ -199,7 +199,7 @@ def test_batch_reports_tokens_first_tokens_and_finished(byte_tokenizer: Tokenize
     assert finished_state is state
     assert terminal.generated_tokens == len(ids)
     assert terminal.outcome == "done:length"
-    assert terminal.fields is second.entries[-1][2]
+    assert terminal.fields == second.entries[-1][2]
 
 
 def test_several_requests_in_one_batch(byte_tokenizer: Tokenizer, bpe_tokenizer: Tokenizer) -> None:

@@ -24,11 +24,12 @@ from worker.engine.looper import Looper
 from worker.ops.metrics import Metrics
 from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases
+from worker.pipeline.output import OutputProcessor, RequestState
 from worker.pipeline.pump import OutputPump
 from worker.pipeline.runner import JobRunner
 from worker.streams.connect import redis_client
-from worker.streams.store import AFTER_TAIL, ENTRIES_LOST_REASON, Ended, StreamStore, writes_of
-from worker.tokenizer import load_tokenizer
+from worker.streams.store import AFTER_TAIL, ENTRIES_LOST_REASON, Ended, StreamStore, WriteBatch
+from worker.tokenizer import builtin_byte_tokenizer, load_tokenizer
 
 
 @pytest.fixture
@@ -73,11 +74,50 @@ async def test_fenced_write_appends_only_for_the_lease_holder(
     key = prefix + "a"
     assert await store.start(key, "mine") is not None
     seq, fields = token(0, 97, "a")
-    assert await store.write(writes_of([(key, seq, fields)]), {key: "mine"}) == {}
+    assert await store.write(WriteBatch.of_entries([(key, seq, fields)], {key: "mine"})) == {}
     seq, fields = token(1, 98, "b")
-    refused = await store.write(writes_of([(key, seq, fields)]), {key: "stale"})
+    refused = await store.write(WriteBatch.of_entries([(key, seq, fields)], {key: "stale"}))
     assert refused[key].startswith("the lease was lost")
     assert [e["text"] for e in await entries(redis, key)] == ["a"]
+
+
+async def test_what_a_batch_says_it_stores_is_what_redis_holds(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """The script builds each entry from the batch's columns: ids, indices, field names
+    and logprobs (present, absent for a token without one) come out as the batch's own
+    view of them, for several streams and parts of one stream in one call."""
+    tokenizer = builtin_byte_tokenizer()
+    processor = OutputProcessor()
+    states = []
+    for n, logprobs in enumerate((True, False)):
+        key = f"{prefix}cols-{n}"
+        await store.start(key, f"lease-{n}")
+        state = RequestState(
+            request_id=f"cols-{n}", key=key, engine_id=n + 1, tokenizer=tokenizer,
+            prompt_ids=[97], input_tokens=1, return_logprobs=logprobs, lease=f"lease-{n}",
+        )  # fmt: skip
+        processor.add(state)
+        states.append(state)
+    batch = processor.process(
+        [
+            EngineOutput(1, [98, 99], [-0.5, None]),
+            EngineOutput(2, [100]),
+            EngineOutput(1, [101], [-1.25], finish=FinishReason.LENGTH),
+            EngineOutput(2, [102, 103], finish=FinishReason.EOS_TOKEN),
+        ]
+    )
+    assert await store.write(batch.write) == {}
+    expected: dict[str, list[dict[str, str]]] = {s.key: [] for s in states}
+    for key, entry_id, fields in batch.entries:
+        expected[key].append({"id": entry_id, **{k: str(v) for k, v in fields.items()}})
+    for state in states:
+        stored = cast(list[tuple[str, dict[str, str]]], await redis.xrange(state.key))
+        assert [{"id": i, **f} for i, f in stored] == expected[state.key]
+    first = cast(list[tuple[str, dict[str, str]]], await redis.xrange(states[0].key))
+    logprob_stream = [f for _, f in first]
+    assert [f.get("logprob") for f in logprob_stream] == ["-0.5", None, "-1.25", None]
+    assert [f["index"] for f in logprob_stream[:3]] == ["0", "1", "2"]
 
 
 async def test_a_retried_batch_stores_no_index_twice(
@@ -86,8 +126,8 @@ async def test_a_retried_batch_stores_no_index_twice(
     key = prefix + "b"
     await store.start(key, "t")
     batch = [(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))]
-    assert await store.write(writes_of(batch), {key: "t"}) == {}
-    assert await store.write(writes_of(batch), {key: "t"}) == {}
+    assert await store.write(WriteBatch.of_entries(batch, {key: "t"})) == {}
+    assert await store.write(WriteBatch.of_entries(batch, {key: "t"})) == {}
     assert [e["index"] for e in await entries(redis, key)] == ["0", "1"]
 
 
@@ -98,7 +138,7 @@ async def test_the_terminal_entry_ends_the_stream(
     await store.start(key, "t")
     done = {"event": "done", "finish_reason": "length", "generated_tokens": 1}
     batch = [(key, *token(0, 97, "a")), (key, "0-2", done)]
-    assert await store.write(writes_of(batch), {key: "t"}) == {}
+    assert await store.write(WriteBatch.of_entries(batch, {key: "t"})) == {}
     assert 0 < await redis.ttl(key) <= 60
     assert not await redis.exists(lease_key(key))  # released with the terminal entry
     assert (await entries(redis, key))[-1]["event"] == "done"
@@ -111,7 +151,7 @@ async def test_an_unleased_end_never_overwrites_a_stream_another_worker_owns(
     no worker holds the request's lease."""
     key = prefix + "d"
     await store.start(key, "other-worker")
-    await store.write(writes_of([(key, *token(0, 97, "a"))]), {key: "other-worker"})
+    await store.write(WriteBatch.of_entries([(key, *token(0, 97, "a"))], {key: "other-worker"}))
     assert await store.end(key, error_fields("invalid_request", "bad")) is Ended.NOT_OURS
     assert [e["event"] for e in await entries(redis, key)] == ["token"]
     await store.release_leases({key: "other-worker"})
@@ -140,15 +180,15 @@ async def test_a_stream_that_lost_entries_is_not_written_on(
     key = prefix + "gap"
     await store.start(key, "t")
     batch = [(key, *token(i, 97 + i, "abc"[i])) for i in range(3)]
-    assert await store.write(writes_of(batch), {key: "t"}) == {}
+    assert await store.write(WriteBatch.of_entries(batch, {key: "t"})) == {}
     await keep_only(redis, key, 1)  # what the new master holds
-    refused = await store.write(writes_of([(key, *token(3, 100, "d"))]), {key: "t"})
+    refused = await store.write(WriteBatch.of_entries([(key, *token(3, 100, "d"))], {key: "t"}))
     assert refused == {key: ENTRIES_LOST_REASON}
     done: Fields = {"event": "done", "finish_reason": "length", "generated_tokens": 4}
     assert await store.end(key, done, "t", "0-5") is Ended.ENTRIES_LOST
     assert [e["index"] for e in await entries(redis, key)] == ["0"]
     # the stream as it is can be continued: the next entry is 0-2
-    assert await store.write(writes_of([(key, *token(1, 98, "b"))]), {key: "t"}) == {}
+    assert await store.write(WriteBatch.of_entries([(key, *token(1, 98, "b"))], {key: "t"})) == {}
 
 
 async def test_a_key_that_is_not_a_stream_is_refused_for_good(
@@ -160,7 +200,7 @@ async def test_a_key_that_is_not_a_stream_is_refused_for_good(
         await store.start(key, "t")
     with pytest.raises(StreamUnusable):
         await store.end(key, error_fields("invalid_request", "bad"), seq_id=AFTER_TAIL)
-    refused = await store.write(writes_of([(key, *token(0, 97, "a"))]), {})
+    refused = await store.write(WriteBatch.of_entries([(key, *token(0, 97, "a"))], {}))
     assert "WRONGTYPE" in refused[key]
 
 
@@ -285,7 +325,9 @@ async def test_runner_resumes_after_the_stored_tokens(
     key = prefix + "r2"
     await store.start(key, "earlier")
     await store.write(
-        writes_of([(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))]), {key: "earlier"}
+        WriteBatch.of_entries(
+            [(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))], {key: "earlier"}
+        )
     )
     await store.release_leases({key: "earlier"})
     run = asyncio.create_task(pipeline.runner.run(job("r2", parameters={"max_new_tokens": 4}), 0))
@@ -308,7 +350,7 @@ async def test_a_cancel_before_the_job_starts_ends_it_with_what_was_stored(
 ) -> None:
     key = prefix + "r3"
     await store.start(key, "earlier")
-    await store.write(writes_of([(key, *token(0, 97, "a"))]), {key: "earlier"})
+    await store.write(WriteBatch.of_entries([(key, *token(0, 97, "a"))], {key: "earlier"}))
     await store.release_leases({key: "earlier"})
     await store.mark_cancelled(key)
     result = await pipeline.runner.run(job("r3"), 0)

@@ -163,11 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(settings: Settings) -> int:
-    from worker.service import serve
+    from worker.service import event_loop_factory, serve
 
     setup_logging(settings.log_level, settings.log_format)
     try:
-        return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            return runner.run(serve(settings))
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

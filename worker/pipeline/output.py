@@ -8,14 +8,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from redis.crc import key_slot
 from tokenizers import Tokenizer
 
 from worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
-from worker.contract.stream import Fields, FinishReason, entry_id, error_fields
+from worker.contract.stream import Fields, FinishReason, entry_id, error_fields, lease_key
 from worker.engine.base import EngineOutput
 from worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
-from worker.streams.store import Entry, StreamWrite
+from worker.streams.store import Entry, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,13 @@ class RequestState:
         "first_token_at",
         "input_tokens",
         "key",
+        "lease",
         "metadata_json",
         "next_index",
         "request_id",
         "return_logprobs",
+        "script_keys",
+        "slot",
         "stop_token_ids",
         "texts",
     )
@@ -73,9 +78,15 @@ class RequestState:
         skip_special_tokens: bool = True,
         return_logprobs: bool = False,
         metadata_json: str | None = None,
+        lease: str = "",
     ) -> None:
         self.request_id = request_id
         self.key = key
+        self.script_keys = (key, lease_key(key))
+        self.slot = key_slot(key.encode())
+        """The stream's hash slot (a cluster writes each slot in a call of its own)."""
+        self.lease = lease
+        """The token of the lease this attempt holds: every write is fenced by it."""
         self.engine_id = engine_id
         self.input_tokens = input_tokens
         self.eos_ids = eos_ids
@@ -156,35 +167,23 @@ class RequestState:
 
 @dataclass(slots=True)
 class ProcessedBatch:
-    """What one batch of engine outputs turned into: per stream one write."""
+    """What one batch of engine outputs turned into: the store's calls, and what
+    happened to the requests."""
 
-    writes: list[StreamWrite] = field(default_factory=list)
+    write: WriteBatch
     finished: list[tuple[RequestState, Terminal]] = field(default_factory=list)
     aborts: list[int] = field(default_factory=list)
     first_tokens: list[RequestState] = field(default_factory=list)
     tokens: int = 0
-    _by_stream: dict[int, StreamWrite] = field(default_factory=dict)
 
     @property
     def entries(self) -> list[Entry]:
         """Every entry the batch stores, in order per stream."""
-        return [entry for write in self.writes for entry in write.entries()]
+        return self.write.entries()
 
     @property
     def entry_count(self) -> int:
         return self.tokens + len(self.finished)
-
-    def write_for(self, state: RequestState) -> StreamWrite:
-        """The request's write in this batch (one per stream, however many of its
-        outputs the batch holds), created at its next index."""
-        write = self._by_stream.get(state.engine_id)
-        if write is None:
-            write = StreamWrite(
-                state.key, state.next_index + 1, logprobs=[] if state.return_logprobs else None
-            )
-            self._by_stream[state.engine_id] = write
-            self.writes.append(write)
-        return write
 
 
 def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float | str]:
@@ -196,8 +195,9 @@ def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float
 class OutputProcessor:
     """The registry of running requests, keyed by engine id."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, cluster: bool = False) -> None:
         self._states: dict[int, RequestState] = {}
+        self._cluster = cluster
 
     def __len__(self) -> int:
         return len(self._states)
@@ -211,7 +211,7 @@ class OutputProcessor:
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
         """Turn outputs into writes. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""
-        batch = ProcessedBatch()
+        batch = ProcessedBatch(WriteBatch(cluster=self._cluster))
         states = self._states
         for output in outputs:
             state = states.get(output.id)
@@ -234,32 +234,46 @@ class OutputProcessor:
 
     def _tokens(self, state: RequestState, output: EngineOutput, batch: ProcessedBatch) -> None:
         token_ids = output.token_ids
+        args = None
         if token_ids:
             if state.next_index == 0:
                 batch.first_tokens.append(state)
-            write = batch.write_for(state)
             before = len(state.texts)
+            args = batch.write.begin(state.script_keys, state.slot, state.lease, before + 1)
             try:
                 state.take(token_ids, final=output.finish is not None)
             finally:  # what was taken is published, even if a decoder failure follows
                 taken = len(state.texts) - before
-                write.token_ids += token_ids if taken == len(token_ids) else token_ids[:taken]
-                write.texts += state.texts[before:]
-                if write.logprobs is not None:
-                    write.logprobs += _logprobs(output.logprobs, taken)
+                if taken:
+                    batch.write.tokens(
+                        args,
+                        token_ids if taken == len(token_ids) else token_ids[:taken],
+                        state.texts[before:],
+                        _logprobs(output.logprobs, taken) if state.return_logprobs else None,
+                    )
                 batch.tokens += taken
             if state.stopped:
                 if output.finish is None:
                     batch.aborts.append(state.engine_id)
-                self._finish(state, state.done_fields(FinishReason.STOP_SEQUENCE), batch)
+                self._finish(state, state.done_fields(FinishReason.STOP_SEQUENCE), batch, args)
                 return
         if output.finish is not None:
             finish = output.finish
             if finish is FinishReason.CANCELLED and state.abort_cause is not None:
                 finish = state.abort_cause
-            self._finish(state, state.done_fields(finish), batch)
+            self._finish(state, state.done_fields(finish), batch, args)
 
-    def _finish(self, state: RequestState, fields: Fields, batch: ProcessedBatch) -> None:
+    def _finish(
+        self,
+        state: RequestState,
+        fields: Fields,
+        batch: ProcessedBatch,
+        args: list[Any] | None = None,
+    ) -> None:
+        """End the request in the batch: in its open part (`args`), else in a new one."""
         del self._states[state.engine_id]
-        batch.write_for(state).end = (entry_id(state.next_index + 1), fields)
+        if args is None:
+            seq = state.next_index + 1
+            args = batch.write.begin(state.script_keys, state.slot, state.lease, seq)
+        batch.write.end(args, entry_id(state.next_index + 1), fields)
         batch.finished.append((state, Terminal(fields, state.next_index)))

@@ -37,7 +37,7 @@ class OutputPump:
         self._store = store
         self._leases = leases
         self._metrics = metrics
-        self._processor = OutputProcessor()
+        self._processor = OutputProcessor(cluster=store.cluster)
         self._running: dict[str, RequestState] = {}
         self._inbox: list[EngineOutput] = []
         self._inbox_batches = 0
@@ -153,11 +153,9 @@ class OutputPump:
         WORKER_REDIS_BUFFER_ENTRIES, every running job is handed back (None)."""
         delay = 0.05
         while True:
-            token = self._leases.token
-            leases = {write.key: token(write.key) for write in batch.writes}
             started = time.perf_counter()
             try:
-                refused = await self._store.write(batch.writes, leases)
+                refused = await self._store.write(batch.write)
             except REDIS_FAILURES as exc:
                 self.redis_healthy = False
                 buffered = batch.entry_count + len(self._inbox)

@@ -186,6 +186,7 @@ class JobRunner:
             skip_special_tokens=params.skip_special_tokens,
             return_logprobs=params.return_logprobs,
             metadata_json=None if job.metadata is None else metadata_json(job.metadata),
+            lease=self._leases.token(key),
         )
 
     def _resume(

@@ -55,12 +55,12 @@ ENTRIES_LOST_REASON = (
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
 
-# ARGV[1]: the TTL of a finished stream. Then per stream (KEYS: stream, lease, ...):
-# lease token ('': the caller holds none), the seq of its first token entry, the number
-# n of token entries, 1 when logprobs follow (else 0), then n token ids, n texts, (n
-# logprobs, '' for none), then 0, or 1 and the terminal entry: id ('': after the tail,
-# unless the stream has ended already), the number of fields, field, value, ... Token
-# entry k (from 0) gets id 0-<seq + k> and index seq + k - 1. Returns per stream the
+# ARGV[1]: the TTL of a finished stream. Then per stream part (KEYS: stream, lease):
+# lease token ('': the caller holds none), the seq of its first token entry, a code
+# (4 n + 2 when logprobs follow + 1 when a terminal entry follows), then n token ids, n
+# texts, (n logprobs, '' for none), then (the terminal entry) its id ('': after the
+# tail, unless the stream has ended already), the number of fields, field, value, ...
+# Token entry k (from 0) gets id 0-<seq + k> and index seq + k - 1. Returns per part the
 # entries written, -1 when the fence refused (the lease is another's, or anyone's when
 # the caller holds none), -2 when the stream lacks entries before the first one given
 # (nothing is written), or 'WRONGTYPE ...' for a key that is not a stream; any other
@@ -127,18 +127,19 @@ local results = {}
 local a = 2
 for s = 1, #KEYS, 2 do
   local stream, lease, token = KEYS[s], KEYS[s + 1], ARGV[a]
-  local seq, count = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local with_logprobs = ARGV[a + 3] == '1'
-  local ids, texts = a + 4, a + 4 + count
+  local seq, code = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local count = math.floor(code / 4)
+  local with_logprobs = code % 4 >= 2
+  local has_end = code % 2 == 1
+  local ids, texts = a + 3, a + 3 + count
   local after = texts + (with_logprobs and 2 or 1) * count
-  local has_end = ARGV[after] == '1'
-  local nfields = has_end and tonumber(ARGV[after + 2]) or 0
-  a = has_end and after + 3 + nfields * 2 or after + 1
+  local nfields = has_end and tonumber(ARGV[after + 1]) or 0
+  a = has_end and after + 2 + nfields * 2 or after
   local first = nil
   if count > 0 then
     first = seq
-  elseif has_end and ARGV[after + 1] ~= '' then
-    first = tonumber(string.match(ARGV[after + 1], '-(%d+)$'))
+  elseif has_end and ARGV[after] ~= '' then
+    first = tonumber(string.match(ARGV[after], '-(%d+)$'))
   end
   local result = 0
   if not owns(lease, token) then
@@ -163,8 +164,8 @@ for s = 1, #KEYS, 2 do
     end
     if has_end and type(result) == 'number' then
       local fields = {}
-      for k = 1, nfields * 2 do fields[k] = ARGV[after + 2 + k] end
-      local ended = end_stream(stream, lease, token, ARGV[after + 1], fields)
+      for k = 1, nfields * 2 do fields[k] = ARGV[after + 1 + k] end
+      local ended = end_stream(stream, lease, token, ARGV[after], fields)
       if type(ended) == 'string' then result = ended else result = result + ended end
     end
   end
@@ -255,94 +256,128 @@ async def mark_cancelled(client: aioredis.Redis | RedisCluster, key: str, ttl_s:
     await client.set(cancel_key(key), b"1", ex=ttl_s)
 
 
-@dataclass(slots=True)
-class StreamWrite:
-    """One stream's part of a batch, as the engine hands it over: its token entries in
-    columns (entry k has index `first_seq - 1 + k` and id `0-<first_seq + k>`), then
-    maybe its terminal entry. Columns, not an entry per token: the script builds each
-    entry's id and fields, so the worker sends two values per token and makes no
-    object per token."""
+class WriteBatch:
+    """The `_WRITE` calls of one batch, built as the engine's outputs are read: per
+    stream a part (its tokens in columns, then maybe its terminal entry) appended
+    straight to the script's KEYS and ARGV, so the worker makes no object per token and
+    sends two values per token (the script builds each entry's id, index and field
+    names). One call for everything on a single node; on a cluster one per hash slot
+    (a script may only touch one slot)."""
 
-    key: str
-    first_seq: int
-    token_ids: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    logprobs: list[float | str] | None = None
-    """Per token its logprob, '' for none; None: the request asked for none."""
-    end: tuple[str, Fields] | None = None
-    """(entry id or AFTER_TAIL, fields) of the terminal entry."""
+    __slots__ = ("_cluster", "_code_at", "_key", "calls", "ended")
+
+    def __init__(self, *, cluster: bool = False) -> None:
+        self._cluster = cluster
+        self.calls: dict[int, tuple[list[Any], list[Any]]] = {}
+        """Per hash slot (0 on a single node): the call's KEYS and ARGV (ARGV[1], the
+        TTL, is filled in by `StreamStore.write`)."""
+        self.ended: list[str] = []
+        """The streams that get their terminal entry."""
+        self._code_at = 0
+        self._key = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def begin(self, keys: tuple[str, str], slot: int, lease: str, seq: int) -> list[Any]:
+        """Open a part for the stream `keys` (stream and lease key) whose next entry is
+        `seq`, fenced by `lease`; returns the ARGV to append its columns to."""
+        call = self.calls.get(slot if self._cluster else 0)
+        if call is None:
+            call = self.calls[slot if self._cluster else 0] = ([], [0])
+        call[0].extend(keys)
+        self._key = keys[0]
+        args = call[1]
+        self._code_at = len(args) + 2
+        args += (lease, seq, 0)
+        return args
+
+    def tokens(
+        self, args: list[Any], token_ids: Sequence[int], texts: Sequence[str],
+        logprobs: Sequence[float | str] | None = None,
+    ) -> None:  # fmt: skip
+        """The open part's token entries (logprobs: '' for none)."""
+        args += token_ids
+        args += texts
+        if logprobs is None:
+            args[self._code_at] = len(token_ids) * 4
+        else:
+            args += logprobs
+            args[self._code_at] = len(token_ids) * 4 + 2
+
+    def end(self, args: list[Any], seq_id: str, fields: Fields) -> None:
+        """The open part's terminal entry (`seq_id` AFTER_TAIL: after the stream's tail)."""
+        args[self._code_at] += 1
+        self.ended.append(self._key)
+        args += (seq_id, len(fields), *chain.from_iterable(fields.items()))
 
     def entries(self) -> list[Entry]:
-        """The entries this write stores, as subscribers will read them."""
+        """The entries the batch stores, in order per stream, as subscribers will read
+        them (a terminal entry after the tail shows its id as AFTER_TAIL)."""
         stored: list[Entry] = []
-        for k, (token_id, text) in enumerate(zip(self.token_ids, self.texts, strict=True)):
-            fields: Fields = {
-                "event": TOKEN,
-                "index": self.first_seq - 1 + k,
-                "token_id": token_id,
-                "text": text,
-            }
-            if self.logprobs is not None and self.logprobs[k] != "":
-                fields["logprob"] = self.logprobs[k]
-            stored.append((self.key, entry_id(self.first_seq + k), fields))
-        if self.end is not None:
-            stored.append((self.key, *self.end))
+        for keys, args in self.calls.values():
+            a = 1
+            for key in keys[::2]:
+                seq, code = int(args[a + 1]), int(args[a + 2])
+                count, a = code // 4, a + 3
+                ids, texts = args[a : a + count], args[a + count : a + 2 * count]
+                a += 2 * count
+                logprobs = [""] * count
+                if code & 2:
+                    logprobs, a = args[a : a + count], a + count
+                for k in range(count):
+                    fields: Fields = {
+                        "event": TOKEN, "index": seq - 1 + k, "token_id": ids[k], "text": texts[k]
+                    }  # fmt: skip
+                    if logprobs[k] != "":
+                        fields["logprob"] = logprobs[k]
+                    stored.append((key, entry_id(seq + k), fields))
+                if code & 1:
+                    seq_id, nfields = args[a], int(args[a + 1])
+                    flat = args[a + 2 : a + 2 + 2 * nfields]
+                    stored.append((key, seq_id, dict(zip(flat[::2], flat[1::2], strict=True))))
+                    a += 2 + 2 * nfields
         return stored
 
+    @classmethod
+    def of_entries(
+        cls, entries: Sequence[Entry], leases: Mapping[str, str], *, cluster: bool = False
+    ) -> WriteBatch:
+        """A batch of whole entries (in order; token entries of a stream with contiguous
+        ids), for callers that hold entries rather than an engine's columns."""
+        batch = cls(cluster=cluster)
+        open_part: tuple[str, list[Any], int] | None = None  # key, args, next seq
+        pending: list[tuple[int, str, float | str]] = []
 
-def writes_of(entries: Sequence[Entry]) -> list[StreamWrite]:
-    """Entries (in order, token entries with contiguous ids per stream) as writes: for
-    callers that hold whole entries rather than an engine's columns."""
-    writes: list[StreamWrite] = []
-    last: dict[str, StreamWrite] = {}
-    for key, seq_id, fields in entries:
-        write = last.get(key)
-        if fields["event"] != TOKEN:
-            if write is None or write.end is not None:
-                write = last[key] = StreamWrite(key, 1)
-                writes.append(write)
-            write.end = (seq_id, fields)
-            continue
-        seq = int(seq_id.rsplit("-", 1)[1])
-        if write is None or write.end is not None or write.first_seq + len(write.texts) != seq:
-            write = last[key] = StreamWrite(key, seq)
-            writes.append(write)
-        write.token_ids.append(int(fields["token_id"]))
-        write.texts.append(str(fields["text"]))
-        if "logprob" in fields:
-            if write.logprobs is None:
-                write.logprobs = [""] * (len(write.texts) - 1)
-            write.logprobs.append(float(fields["logprob"]))
-        elif write.logprobs is not None:
-            write.logprobs.append("")
-    return writes
+        def flush() -> None:
+            if open_part is not None and pending:
+                ids, texts, logprobs = (list(column) for column in zip(*pending, strict=True))
+                with_logprobs = any(logprob != "" for logprob in logprobs)
+                batch.tokens(open_part[1], ids, texts, logprobs if with_logprobs else None)
+            pending.clear()
 
-
-def _write_call(
-    writes: Sequence[StreamWrite], leases: Mapping[str, str], ttl_s: int
-) -> tuple[list[Any], list[Any]]:
-    """The `_WRITE` script's KEYS and ARGV for these writes."""
-    script_keys: list[Any] = []
-    args: list[Any] = [ttl_s]
-    for write in writes:
-        key = write.key
-        script_keys += (key, lease_key(key))
-        lease = leases.get(key, "")
-        if write.logprobs is None:
-            args += (lease, write.first_seq, len(write.token_ids), 0)
-            args += write.token_ids
-            args += write.texts
-        else:
-            args += (lease, write.first_seq, len(write.token_ids), 1)
-            args += write.token_ids
-            args += write.texts
-            args += write.logprobs
-        if write.end is None:
-            args.append(0)
-        else:
-            seq_id, fields = write.end
-            args += (1, seq_id, len(fields), *chain.from_iterable(fields.items()))
-    return script_keys, args
+        for key, seq_id, fields in entries:
+            seq = int(seq_id.rsplit("-", 1)[1]) if seq_id else 0
+            if (
+                open_part is None
+                or open_part[0] != key
+                or (fields["event"] == TOKEN and open_part[2] != seq)
+            ):
+                flush()
+                slot = key_slot(key.encode()) if cluster else 0
+                args = batch.begin((key, lease_key(key)), slot, leases.get(key, ""), seq or 1)
+                open_part = (key, args, seq)
+            if fields["event"] == TOKEN:
+                pending.append(
+                    (int(fields["token_id"]), str(fields["text"]), fields.get("logprob", ""))
+                )
+                open_part = (key, open_part[1], seq + 1)
+            else:
+                flush()
+                batch.end(open_part[1], seq_id, fields)
+                open_part = None
+        flush()
+        return batch
 
 
 class StreamStore:
@@ -425,48 +460,39 @@ class StreamStore:
 
     # -- writing --------------------------------------------------------------------
 
-    async def write(
-        self, writes: Sequence[StreamWrite], leases: Mapping[str, str]
-    ) -> dict[str, str]:
+    async def write(self, batch: WriteBatch) -> dict[str, str]:
         """Store one batch in one round trip: per stream its entries in order, fenced by
-        its lease token in `leases` (a stream without one is written only while nobody
-        holds its lease). A terminal entry ends its stream (expiry, lease released).
-        Returns the keys not written, with why: the fence refused, or Redis refused the
-        key for good (it is not a stream). Raises on connection errors (then the batch
-        can be retried: ids make a retry idempotent). On a cluster: one call per hash
-        slot, pipelined per node (`_pipelined`)."""
-        if not writes:
+        the lease token its part names ('': written only while nobody holds the lease).
+        A terminal entry ends its stream (expiry, lease released). Returns the keys not
+        written, with why: the fence refused, or Redis refused the key for good (it is
+        not a stream). Raises on connection errors (then the batch can be retried: ids
+        make a retry idempotent). On a cluster: one call per hash slot, pipelined per
+        node (`_pipelined`)."""
+        if not batch:
             return {}
-        groups = self._slot_groups(writes)
-        calls = [_write_call(group, leases, self._ttl_s) for group in groups]
+        calls = list(batch.calls.values())
+        for _, args in calls:
+            args[0] = self._ttl_s
         if self.cluster:
             replies = await self._pipelined(self._write, calls)
-        elif self.min_replicas and any(write.end for write in writes):
+        elif self.min_replicas and batch.ended:
             replies = [await self._replicated(*calls[0])]
         else:
             replies = [await self._write(*calls[0])]
         refused: dict[str, str] = {}
-        results = (result for reply in replies for result in reply)
-        for write, result in zip((w for group in groups for w in group), results, strict=True):
-            if result.__class__ is int and result >= 0:
-                continue
-            if isinstance(result, bytes):
-                refused[write.key] = result.decode(errors="replace")
-            elif result == LEASE_LOST:
-                refused[write.key] = LEASE_LOST_REASON
-            elif result == ENTRIES_LOST:
-                refused[write.key] = ENTRIES_LOST_REASON
+        for (keys, _), reply in zip(calls, replies, strict=True):
+            for key, result in zip(keys[::2], reply, strict=True):
+                if result.__class__ is int and result >= 0:
+                    continue
+                if isinstance(result, bytes):
+                    refused[key] = result.decode(errors="replace")
+                elif result == LEASE_LOST:
+                    refused[key] = LEASE_LOST_REASON
+                elif result == ENTRIES_LOST:
+                    refused[key] = ENTRIES_LOST_REASON
         if self.compact_after_s is not None:
-            self._compact_later([w.key for w in writes if w.end and w.key not in refused])
+            self._compact_later([key for key in batch.ended if key not in refused])
         return refused
-
-    def _slot_groups(self, writes: Sequence[StreamWrite]) -> list[Sequence[StreamWrite]]:
-        if not self.cluster:
-            return [writes]
-        groups: dict[int, list[StreamWrite]] = {}
-        for write in writes:
-            groups.setdefault(key_slot(write.key.encode()), []).append(write)
-        return list(groups.values())
 
     async def end(
         self, key: str, fields: Fields, lease: str = "", seq_id: str = AFTER_TAIL
@@ -476,9 +502,10 @@ class StreamStore:
         (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
         appends after whatever the stream holds, unless it has ended already. Raises
         `StreamUnusable` when the key is not a stream."""
-        keys, args = _write_call(
-            [StreamWrite(key, 1, end=(seq_id, fields))], {key: lease}, self._ttl_s
-        )
+        batch = WriteBatch()
+        batch.end(batch.begin((key, lease_key(key)), 0, lease, 1), seq_id, fields)
+        keys, args = batch.calls[0]
+        args[0] = self._ttl_s
         if self.min_replicas:
             reply = await self._replicated(keys, args)
         else:
