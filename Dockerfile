@@ -37,8 +37,8 @@ RUN groupadd --gid 1000 worker \
     && useradd --uid 1000 --gid 1000 --home-dir /home/worker --create-home \
         --shell /usr/sbin/nologin worker
 COPY --from=wheel /wheels /tmp/wheels
-RUN wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
-    && pip install --no-cache-dir "${wheel}[uvloop]" dumb-init==1.2.5.post1 \
+# uvloop: the uvloop extra, pinned (WORKER_EVENT_LOOP=auto takes it)
+RUN pip install --no-cache-dir /tmp/wheels/*.whl uvloop==0.23.0 dumb-init==1.2.5.post1 \
     && rm -rf /tmp/wheels
 USER 1000:1000
 WORKDIR /home/worker

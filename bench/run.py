@@ -664,6 +664,87 @@ def compare_cluster(scenario: Scenario, ceiling: float) -> None:
     )
 
 
+SWEEP_STREAMS = (1, 16, 64, 256, 1024)
+SWEEP_LENGTHS = (16, 64, 256, 1024, 4096, 16384)
+SWEEPS = {
+    "streams": "concurrent streams (256 tokens each, at least 64 jobs)",
+    "length": "output length (64 concurrent streams)",
+}
+
+
+def sweep_points(name: str) -> list[tuple[int, Scenario]]:
+    """The scenarios of a sweep, each with its x value."""
+    if name == "streams":
+        return [
+            (n, Scenario(f"streams-{n}", max(n, 64), 256, 0, n, n, f"{n} concurrent streams"))
+            for n in SWEEP_STREAMS
+        ]
+    return [
+        (
+            length,
+            Scenario(
+                f"length-{length}",
+                max(min(65536 // length, 1024), 64),
+                length,
+                0,
+                64,
+                64,
+                f"64 concurrent streams x {length} tokens",
+            ),
+        )
+        for length in SWEEP_LENGTHS
+    ]
+
+
+def run_sweep(name: str, ceiling: float) -> None:
+    """How cost grows: one worker per point; tokens/s, CPU per token, TTFT and peak RSS
+    against the swept quantity, in bench/results/sweep-<name>.json and .png."""
+    points = [(x, asyncio.run(run_scenario(s, ceiling))) for x, s in sweep_points(name)]
+    figures = ("tokens_per_s", "cpu_s_per_1000_tokens", "ttft_ms_p50", "ttft_ms_p99",
+               "rss_peak_mib", "jobs", "tokens")  # fmt: skip
+    data = {
+        "sweep": name,
+        "description": SWEEPS[name],
+        "redis_xadd_per_s": round(ceiling, 1),
+        "points": [{"x": x, **{f: getattr(r, f) for f in figures}} for x, r in points],
+    }
+    (RESULTS / f"sweep-{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [x for x, _ in points]
+    figure, axes = plt.subplots(1, 4, figsize=(18, 4))
+    panels = (
+        ("tokens/s", [r.tokens_per_s for _, r in points], None),
+        ("CPU ms per 1k tokens", [r.cpu_s_per_1000_tokens * 1000 for _, r in points], None),
+        ("TTFT ms (p50, p99)", [r.ttft_ms_p50 for _, r in points],
+         [r.ttft_ms_p99 for _, r in points]),
+        ("peak RSS MiB", [r.rss_peak_mib for _, r in points], None),
+    )  # fmt: skip
+    for axis, (label, values, p99) in zip(axes, panels, strict=True):
+        axis.plot(xs, values, marker="o", label="p50" if p99 else None)
+        if p99:
+            axis.plot(xs, p99, marker="o", label="p99")
+            axis.set_yscale("log")
+            axis.legend()
+        axis.set_xscale("log", base=2 if name == "streams" else 4)
+        axis.set_xlabel(SWEEPS[name].split(" (")[0])
+        axis.set_title(label)
+        axis.grid(True, which="both", alpha=0.3)
+    figure.suptitle(f"sweep: {SWEEPS[name]}; redis-benchmark XADD {ceiling:,.0f}/s")
+    figure.tight_layout()
+    figure.savefig(RESULTS / f"sweep-{name}.png", dpi=90)
+    plt.close(figure)
+    for x, r in points:
+        print(
+            f"{name:>10} {x:>6}: {r.tokens_per_s:>9,.0f} tokens/s ({r.ratio:.3f} of Redis)"
+            f"  CPU {r.cpu_s_per_1000_tokens * 1000:.2f} ms/1k  TTFT p50 {r.ttft_ms_p50:.1f}"
+            f" p99 {r.ttft_ms_p99:.1f} ms  RSS {r.rss_peak_mib:.0f} MiB"
+        )
+
+
 def mean_of(runs: list[Result], figures: tuple[str, ...]) -> dict[str, float]:
     return {f: round(sum(float(getattr(r, f)) for r in runs) / len(runs), 4) for f in figures}
 
@@ -748,13 +829,14 @@ def main() -> None:
         "scenarios",
         nargs="*",
         metavar="SCENARIO",
-        help=f"some of {', '.join(SCENARIOS)}, idle (default: all)",
+        help=f"some of {', '.join([*SCENARIOS, *SWEEPS])}, idle (default: all)",
     )
     args = parser.parse_args()
-    unknown = [name for name in args.scenarios if name not in [*SCENARIOS, "idle"]]
+    known = [*SCENARIOS, *SWEEPS, "idle"]
+    unknown = [name for name in args.scenarios if name not in known]
     if unknown:
-        parser.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
-    args.scenarios = args.scenarios or [*SCENARIOS, "idle"]
+        parser.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(known)}")
+    args.scenarios = args.scenarios or known
     RESULTS.mkdir(exist_ok=True)
     ceiling = redis_xadd_ceiling()
     print(f"redis-benchmark pipelined XADD: {ceiling:,.0f}/s")
@@ -775,6 +857,9 @@ def main() -> None:
             continue
         if name == "baseline":
             compare_baseline(SCENARIOS[name], ceiling)
+            continue
+        if name in SWEEPS:
+            run_sweep(name, ceiling)
             continue
         result = asyncio.run(run_scenario(SCENARIOS[name], ceiling))
         (RESULTS / f"{name}.json").write_text(json.dumps(summary(result), indent=2) + "\n")

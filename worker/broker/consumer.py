@@ -171,12 +171,14 @@ class Consumer:
 
     async def close(self) -> None:
         self._closing = True
+        await self._settler.acks.drain()
         if self._connection is not None:
             await self._connection.close()
 
     # -- jobs -------------------------------------------------------------------------
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._settler.acks.delivered(message)
         task = asyncio.create_task(self._handle(message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
@@ -54,6 +55,100 @@ def outcome_of(exc: Exception) -> Outcome:
     return Outcome(Action.RETRY, RetryLater(f"{type(exc).__name__}: {exc}"))
 
 
+@dataclass(slots=True)
+class _Delivered:
+    """One channel's deliveries not yet passed by its multiple-ack front."""
+
+    channel: object
+    order: deque[int] = field(default_factory=deque)
+    settled: set[int] = field(default_factory=set)
+    to_ack: dict[int, AbstractIncomingMessage] = field(default_factory=dict)
+
+
+class AckBatcher:
+    """Acknowledges in as few frames as delivery order allows, once per event-loop turn:
+    the run of settled messages at the front of what a channel delivered goes as one
+    ack with `multiple` (its last tag), the other acks one by one, so that a long job at
+    the front never holds the prefetch window of the short ones behind it. Only
+    messages registered by `delivered` are batched."""
+
+    def __init__(self) -> None:
+        self._channels: dict[int, _Delivered] = {}
+        self._scheduled = False
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def delivered(self, message: AbstractIncomingMessage) -> None:
+        channel = message.channel
+        entry = self._channels.get(id(channel))
+        if entry is None or entry.channel is not channel:
+            entry = self._channels[id(channel)] = _Delivered(channel)
+        entry.order.append(message.delivery_tag or 0)
+
+    def _entry(self, message: AbstractIncomingMessage) -> _Delivered | None:
+        if not self._channels:  # nothing registered (a settler outside a consumer)
+            return None
+        entry = self._channels.get(id(message.channel))
+        return entry if entry is not None and entry.channel is message.channel else None
+
+    def batches(self, message: AbstractIncomingMessage) -> bool:
+        return self._entry(message) is not None
+
+    def ack(self, message: AbstractIncomingMessage) -> None:
+        entry = self._entry(message)
+        assert entry is not None
+        entry.to_ack[message.delivery_tag or 0] = message
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def settled(self, message: AbstractIncomingMessage) -> None:
+        """A registered message was nacked or rejected (one by one, at once)."""
+        entry = self._entry(message)
+        if entry is not None:
+            entry.settled.add(message.delivery_tag or 0)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        sends: list[tuple[AbstractIncomingMessage, bool]] = []
+        for key, entry in list(self._channels.items()):
+            last = None
+            while entry.order and (
+                entry.order[0] in entry.to_ack or entry.order[0] in entry.settled
+            ):
+                tag = entry.order.popleft()
+                entry.settled.discard(tag)
+                last = entry.to_ack.pop(tag, last)
+            if last is not None:
+                sends.append((last, True))
+            for tag, message in entry.to_ack.items():
+                sends.append((message, False))
+                entry.settled.add(tag)
+            entry.to_ack.clear()
+            if not entry.order:
+                del self._channels[key]
+        if sends:
+            task = asyncio.get_running_loop().create_task(self._send(sends))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _send(sends: list[tuple[AbstractIncomingMessage, bool]]) -> None:
+        for message, multiple in sends:
+            try:
+                await message.ack(multiple=multiple)
+            except _AMQP_FAILURES as exc:
+                # The channel that delivered it is gone; the broker redelivers and the
+                # stream's terminal entry makes the rerun a no-op.
+                log.warning("acknowledging failed (%s); the message will be redelivered", exc)
+
+    async def drain(self) -> None:
+        """Send what is batched now (before the connection closes)."""
+        if self._scheduled:
+            self._flush()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+
+
 class Settler:
     """Settles messages of one consumer (its channel publishes the dead letters)."""
 
@@ -68,6 +163,7 @@ class Settler:
         self._store = store
         self._metrics = metrics
         self._channel = channel
+        self.acks = AckBatcher()
 
     async def settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> Action:
         """Carry out the outcome; returns the action taken (a failed error entry or dead
@@ -88,6 +184,10 @@ class Settler:
         return action
 
     async def _amqp(self, message: AbstractIncomingMessage, action: Action) -> None:
+        if action in (Action.ACK, Action.DEAD_LETTER) and self.acks.batches(message):
+            self.acks.ack(message)
+            return
+        self.acks.settled(message)
         try:
             if action in (Action.ACK, Action.DEAD_LETTER):
                 await message.ack()

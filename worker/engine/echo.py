@@ -27,7 +27,27 @@ class _Running:
     request: EngineRequest
     source: list[int]
     generated: int
+    """Tokens so far, the resumed ones included."""
+    limit: int
+    """`generated` at which `max_new_tokens` is reached."""
+    may_stop_at: int
+    """`generated` from which an EOS or stop token ends the request (min_new_tokens)."""
+    ends: frozenset[int]
+    """The ids that end it: its EOS ids (none with ignore_eos) and stop token ids."""
     cancelled: bool = False
+
+    @classmethod
+    def of(cls, request: EngineRequest) -> _Running:
+        resumed = request.resumed_tokens
+        eos = frozenset() if request.ignore_eos else request.eos_ids
+        return cls(
+            request,
+            request.prompt_ids[: len(request.prompt_ids) - resumed],
+            resumed,
+            resumed + request.max_new_tokens,
+            resumed + request.min_new_tokens,
+            eos | request.stop_token_ids,
+        )
 
 
 class EchoEngine:
@@ -131,10 +151,7 @@ class EchoEngine:
                 )
                 outputs.append(EngineOutput(request.id, [], error=message))
                 continue
-            n_source = len(request.prompt_ids) - request.resumed_tokens
-            self._running[request.id] = _Running(
-                request, request.prompt_ids[:n_source], request.resumed_tokens
-            )
+            self._running[request.id] = _Running.of(request)
         finished = []
         now = time.time()
         for request_id, running in self._running.items():
@@ -155,19 +172,24 @@ class EchoEngine:
             return EngineOutput(request.id, [], finish=FinishReason.CANCELLED)
         if request.deadline is not None and now >= request.deadline:
             return EngineOutput(request.id, [], finish=FinishReason.DEADLINE)
-        generated: list[int] = []
+        source, start = running.source, running.generated
+        count = min(tokens, running.limit - start)
+        if count == 1:
+            generated = [source[start % len(source)]]
+        else:
+            generated = [source[k % len(source)] for k in range(start, start + count)]
         finish = None
-        while finish is None and len(generated) < tokens:
-            token = running.source[running.generated % len(running.source)]
-            running.generated += 1
-            generated.append(token)
-            produced = running.generated - request.resumed_tokens
-            may_stop = produced >= request.min_new_tokens
-            if may_stop and not request.ignore_eos and token in request.eos_ids:
-                finish = FinishReason.EOS_TOKEN
-            elif may_stop and token in request.stop_token_ids:
-                finish = FinishReason.STOP_SEQUENCE
-            elif produced >= request.max_new_tokens:
-                finish = FinishReason.LENGTH
+        if running.ends and not running.ends.isdisjoint(generated):
+            for k, token in enumerate(generated):
+                if start + k + 1 >= running.may_stop_at and token in running.ends:
+                    stop = token in request.stop_token_ids and (
+                        request.ignore_eos or token not in request.eos_ids
+                    )
+                    finish = FinishReason.STOP_SEQUENCE if stop else FinishReason.EOS_TOKEN
+                    del generated[k + 1 :]
+                    break
+        running.generated = start + len(generated)
+        if finish is None and running.generated >= running.limit:
+            finish = FinishReason.LENGTH
         logprobs = [0.0] * len(generated) if request.return_logprobs else None
         return EngineOutput(request.id, generated, logprobs, finish)

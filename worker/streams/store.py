@@ -397,6 +397,8 @@ class StreamStore:
         """Set: that long after a stream ends, `compact` trims it (a timer in this
         process: a worker that stops first leaves the stream whole until its TTL)."""
         self._compactions: set[asyncio.Task[int]] = set()
+        self._starts: list[tuple[list[Any], list[Any], asyncio.Future[Any]]] = []
+        self._start_tasks: set[asyncio.Task[None]] = set()
         self._compaction_timers: set[asyncio.TimerHandle] = set()
         self.cluster = isinstance(client, RedisCluster)
         if self.cluster and min_replicas:
@@ -605,13 +607,67 @@ class StreamStore:
 
     async def _each(self, script: AsyncScript, calls: list[tuple[str, list[Any]]]) -> list[Any]:
         """One single-key script per call, pipelined (per node on a cluster)."""
+        return await self._many(script, [([key], args) for key, args in calls])
+
+    async def _many(
+        self, script: AsyncScript, calls: Sequence[ScriptCall], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """One call of `script` per (keys, args), in one round trip: EVALSHA pipelined,
+        the script loaded and the calls sent again on NOSCRIPT (a restarted or new
+        master), rather than redis-py's script pipeline, which asks SCRIPT EXISTS first
+        every time. `raise_on_error=False`: a call's error is its reply (cluster: the
+        first error raises)."""
         if self.cluster:
-            return await self._pipelined(script, [([key], args) for key, args in calls])
+            return await self._pipelined(script, calls)
         assert isinstance(self.client, aioredis.Redis)
-        pipe = self.client.pipeline(transaction=False)
-        for key, args in calls:
-            await script(keys=[key], args=args, client=pipe)
-        return list(await pipe.execute())
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            replies = list(await pipe.execute(raise_on_error=False))
+            if attempt == 1 and any(isinstance(reply, NoScriptError) for reply in replies):
+                await self.client.script_load(script.script)
+                continue
+            if raise_on_error:
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+            return replies
+        raise AssertionError("unreachable")
+
+    async def _start_soon(self, keys: list[Any], args: list[Any]) -> Any:
+        """`_START` for one job, sent with the other jobs' starts of this event-loop turn
+        in one round trip (a burst of short jobs otherwise costs a connection, a write
+        and a read each)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._starts.append((keys, args, future))
+        if len(self._starts) == 1:
+            loop.call_soon(self._send_starts)
+        return await future
+
+    def _send_starts(self) -> None:
+        starts, self._starts = self._starts, []
+        task = asyncio.get_running_loop().create_task(self._run_starts(starts))
+        self._start_tasks.add(task)
+        task.add_done_callback(self._start_tasks.discard)
+
+    async def _run_starts(
+        self, starts: list[tuple[list[Any], list[Any], asyncio.Future[Any]]]
+    ) -> None:
+        try:
+            replies = await self._many(
+                self._start, [(keys, args) for keys, args, _ in starts], raise_on_error=False
+            )
+        except Exception as exc:  # the connection failed: every job retries (theirs to decide)
+            replies = [exc] * len(starts)
+        for (_, _, future), reply in zip(starts, replies, strict=True):
+            if future.done():  # its job was cancelled meanwhile; the lease expires
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
 
     async def release_leases(self, leases: Mapping[str, str]) -> None:
         if not leases:
@@ -635,7 +691,7 @@ class StreamStore:
             # master that a failover is about to demote
             reply, replicas = await self._then_wait(self._start, keys, args)
         else:
-            reply = await self._start(keys=keys, args=args)
+            reply = await self._start_soon(keys, args)
         if reply is None:
             return None
         if reply[0] == -1:
