@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.broker.cancel import CancelListener
 from worker.broker.consumer import Consumer
-from worker.broker.settle import Settler, outcome_of
+from worker.broker.settle import AckBatcher, Settler, outcome_of
 from worker.config import Settings
 from worker.contract.errors import (
     Action,
@@ -265,3 +265,42 @@ async def test_a_cancelled_handler_hands_its_message_back(settings: Settings) ->
     with pytest.raises(asyncio.CancelledError):
         await task
     assert message.calls == ["nack"]
+
+
+class SlowAckMessage:
+    """A delivered message whose ack waits for the socket (`sent` lets it through), as
+    aiormq's ack does under back-pressure; the order acks reach the socket is recorded."""
+
+    def __init__(self, channel: object, tag: int, wire: list[tuple[int, bool]],
+                 sent: asyncio.Event) -> None:  # fmt: skip
+        self.channel = channel
+        self.delivery_tag = tag
+        self._wire = wire
+        self._sent = sent
+
+    async def ack(self, multiple: bool = False) -> None:
+        await self._sent.wait()
+        await asyncio.sleep(0)  # the drain yields to the event loop
+        self._wire.append((self.delivery_tag, multiple))
+
+
+async def test_a_multiple_ack_never_overtakes_earlier_single_acks() -> None:
+    """Single acks (the front still running) are on their way when the front settles and
+    a multiple ack covers them: it must reach the socket after them, or the broker finds
+    a single ack for a tag already acknowledged and closes the channel (the bench's
+    short jobs hit this: 'PRECONDITION_FAILED - unknown delivery tag')."""
+    channel, sent = object(), asyncio.Event()
+    wire: list[tuple[int, bool]] = []
+    batcher = AckBatcher()
+    messages = [SlowAckMessage(channel, tag, wire, sent) for tag in range(1, 6)]
+    for message in messages:
+        batcher.delivered(cast(AbstractIncomingMessage, message))
+    for message in messages[1:4]:
+        batcher.ack(cast(AbstractIncomingMessage, message))
+    await asyncio.sleep(0)  # that turn's flush: single acks of 2, 3, 4, waiting on the socket
+    batcher.ack(cast(AbstractIncomingMessage, messages[0]))
+    batcher.ack(cast(AbstractIncomingMessage, messages[4]))
+    await asyncio.sleep(0)  # the next flush: one multiple ack of 5
+    sent.set()
+    await batcher.drain()
+    assert wire == [(2, False), (3, False), (4, False), (5, True)]

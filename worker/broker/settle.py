@@ -75,7 +75,11 @@ class AckBatcher:
     def __init__(self) -> None:
         self._channels: dict[int, _Delivered] = {}
         self._scheduled = False
-        self._sending: set[asyncio.Task[None]] = set()
+        self._outbox: deque[tuple[AbstractIncomingMessage, bool]] = deque()
+        self._sender: asyncio.Task[None] | None = None
+        """One task sends every ack in the order decided: a multiple ack overtaking an
+        earlier single ack of a tag it covers would make that one an unknown tag, which
+        closes the channel."""
 
     def delivered(self, message: AbstractIncomingMessage) -> None:
         channel = message.channel
@@ -87,8 +91,12 @@ class AckBatcher:
     def _entry(self, message: AbstractIncomingMessage) -> _Delivered | None:
         if not self._channels:  # nothing registered (a settler outside a consumer)
             return None
-        entry = self._channels.get(id(message.channel))
-        return entry if entry is not None and entry.channel is message.channel else None
+        try:
+            channel = message.channel
+        except _AMQP_FAILURES:  # aio-pika raises ChannelInvalidStateError once it closed
+            return None
+        entry = self._channels.get(id(channel))
+        return entry if entry is not None and entry.channel is channel else None
 
     def batches(self, message: AbstractIncomingMessage) -> bool:
         return self._entry(message) is not None
@@ -127,13 +135,13 @@ class AckBatcher:
             if not entry.order:
                 del self._channels[key]
         if sends:
-            task = asyncio.get_running_loop().create_task(self._send(sends))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._outbox.extend(sends)
+            if self._sender is None or self._sender.done():
+                self._sender = asyncio.get_running_loop().create_task(self._send())
 
-    @staticmethod
-    async def _send(sends: list[tuple[AbstractIncomingMessage, bool]]) -> None:
-        for message, multiple in sends:
+    async def _send(self) -> None:
+        while self._outbox:
+            message, multiple = self._outbox.popleft()
             try:
                 await message.ack(multiple=multiple)
             except _AMQP_FAILURES as exc:
@@ -145,8 +153,8 @@ class AckBatcher:
         """Send what is batched now (before the connection closes)."""
         if self._scheduled:
             self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        if self._sender is not None:
+            await asyncio.gather(self._sender, return_exceptions=True)
 
 
 class Settler:

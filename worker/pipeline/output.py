@@ -54,6 +54,8 @@ class RequestState:
         "lease",
         "metadata_json",
         "next_index",
+        "pieces",
+        "plain",
         "request_id",
         "return_logprobs",
         "script_keys",
@@ -96,6 +98,10 @@ class RequestState:
         self.metadata_json = metadata_json
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self._gate = StopGate(stops, min_new_tokens)
+        self.plain = not self._gate.active and not return_logprobs
+        """No stop sequence to look for, no logprobs: a step that ends nothing is only
+        its tokens' texts (`OutputProcessor.process`'s fast path)."""
+        self.pieces = self._detok.pieces
         self.next_index = 0
         self.texts: list[str] = []
         self.abort_cause: FinishReason | None = None
@@ -128,7 +134,7 @@ class RequestState:
             and (not self.end_ids or self.end_ids.isdisjoint(token_ids))
         ):
             try:
-                self.texts += map(self._detok.step, token_ids)
+                self._detok.extend(token_ids, self.texts)
             finally:  # a decoder failure keeps the texts before it, as token_text does
                 self.next_index = len(self.texts)
             return len(token_ids)
@@ -187,8 +193,9 @@ class ProcessedBatch:
 
 
 def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float | str]:
-    """The first `count` logprobs, '' where the engine gave none."""
-    given: list[float | str] = ["" if v is None else v for v in (logprobs or [])[:count]]
+    """The first `count` logprobs as their shortest round-tripping text, '' where the
+    engine gave none."""
+    given: list[float | str] = ["" if v is None else repr(v) for v in (logprobs or [])[:count]]
     return given + [""] * (count - len(given))
 
 
@@ -212,11 +219,31 @@ class OutputProcessor:
         """Turn outputs into writes. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""
         batch = ProcessedBatch(WriteBatch(cluster=self._cluster))
+        write = batch.write
         states = self._states
         for output in outputs:
             state = states.get(output.id)
             if state is None:
                 continue
+            token_ids = output.token_ids
+            if (
+                output.finish is None
+                and output.error is None
+                and state.plain
+                and token_ids
+                and (not state.end_ids or state.end_ids.isdisjoint(token_ids))
+            ):
+                # the common step: tokens that end nothing, whole pieces of the table
+                texts = state.pieces(token_ids)
+                if texts is not None:
+                    seq = state.next_index + 1
+                    if seq == 1:
+                        batch.first_tokens.append(state)
+                    write.plain(state.script_keys, state.slot, state.lease, seq, token_ids, texts)
+                    state.texts += texts
+                    state.next_index += len(texts)
+                    batch.tokens += len(texts)
+                    continue
             if output.error is not None:
                 self._finish(state, error_fields(ENGINE_ERROR, output.error), batch)
                 continue

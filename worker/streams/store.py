@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+import msgpack
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
@@ -55,7 +56,8 @@ ENTRIES_LOST_REASON = (
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
 
-# ARGV[1]: the TTL of a finished stream. Then per stream part (KEYS: stream, lease):
+# ARGV[1]: the TTL of a finished stream; ARGV[2]: one MessagePack array holding, per
+# stream part (KEYS: stream, lease):
 # lease token ('': the caller holds none), the seq of its first token entry, a code
 # (4 n + 2 when logprobs follow + 1 when a terminal entry follows), then n token ids, n
 # texts, (n logprobs, '' for none), then (the terminal entry) its id ('': after the
@@ -68,6 +70,7 @@ AFTER_TAIL = ""
 # try and is skipped.
 _WRITE = """
 local ttl = tonumber(ARGV[1])
+local argv = cmsgpack.unpack(ARGV[2])
 
 local function owns(lease, token)
   if token == '' then return redis.call('EXISTS', lease) == 0 end
@@ -124,22 +127,22 @@ local function end_stream(stream, lease, token, id, fields)
 end
 
 local results = {}
-local a = 2
+local a = 1
 for s = 1, #KEYS, 2 do
-  local stream, lease, token = KEYS[s], KEYS[s + 1], ARGV[a]
-  local seq, code = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local stream, lease, token = KEYS[s], KEYS[s + 1], argv[a]
+  local seq, code = tonumber(argv[a + 1]), tonumber(argv[a + 2])
   local count = math.floor(code / 4)
   local with_logprobs = code % 4 >= 2
   local has_end = code % 2 == 1
   local ids, texts = a + 3, a + 3 + count
   local after = texts + (with_logprobs and 2 or 1) * count
-  local nfields = has_end and tonumber(ARGV[after + 1]) or 0
+  local nfields = has_end and tonumber(argv[after + 1]) or 0
   a = has_end and after + 2 + nfields * 2 or after
   local first = nil
   if count > 0 then
     first = seq
-  elseif has_end and ARGV[after] ~= '' then
-    first = tonumber(string.match(ARGV[after], '-(%d+)$'))
+  elseif has_end and argv[after] ~= '' then
+    first = tonumber(string.match(argv[after], '-(%d+)$'))
   end
   local result = 0
   if not owns(lease, token) then
@@ -149,13 +152,13 @@ for s = 1, #KEYS, 2 do
   else
     for k = 0, count - 1 do
       local ok
-      local logprob = with_logprobs and ARGV[texts + count + k] or ''
+      local logprob = with_logprobs and argv[texts + count + k] or ''
       if logprob == '' then
         ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
-          'index', seq + k - 1, 'token_id', ARGV[ids + k], 'text', ARGV[texts + k])
+          'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k])
       else
         ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
-          'index', seq + k - 1, 'token_id', ARGV[ids + k], 'text', ARGV[texts + k],
+          'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k],
           'logprob', logprob)
       end
       ok = stored(ok)
@@ -164,8 +167,8 @@ for s = 1, #KEYS, 2 do
     end
     if has_end and type(result) == 'number' then
       local fields = {}
-      for k = 1, nfields * 2 do fields[k] = ARGV[after + 1 + k] end
-      local ended = end_stream(stream, lease, token, ARGV[after], fields)
+      for k = 1, nfields * 2 do fields[k] = argv[after + 1 + k] end
+      local ended = end_stream(stream, lease, token, argv[after], fields)
       if type(ended) == 'string' then result = ended else result = result + ended end
     end
   end
@@ -269,8 +272,8 @@ class WriteBatch:
     def __init__(self, *, cluster: bool = False) -> None:
         self._cluster = cluster
         self.calls: dict[int, tuple[list[Any], list[Any]]] = {}
-        """Per hash slot (0 on a single node): the call's KEYS and ARGV (ARGV[1], the
-        TTL, is filled in by `StreamStore.write`)."""
+        """Per hash slot (0 on a single node): the call's KEYS and its parts' values
+        (`StreamStore.write` sends them as one MessagePack array after the TTL)."""
         self.ended: list[str] = []
         """The streams that get their terminal entry."""
         self._code_at = 0
@@ -284,13 +287,28 @@ class WriteBatch:
         `seq`, fenced by `lease`; returns the ARGV to append its columns to."""
         call = self.calls.get(slot if self._cluster else 0)
         if call is None:
-            call = self.calls[slot if self._cluster else 0] = ([], [0])
+            call = self.calls[slot if self._cluster else 0] = ([], [])
         call[0].extend(keys)
         self._key = keys[0]
         args = call[1]
         self._code_at = len(args) + 2
         args += (lease, seq, 0)
         return args
+
+    def plain(
+        self, keys: tuple[str, str], slot: int, lease: str, seq: int,
+        token_ids: Sequence[int], texts: Sequence[str],
+    ) -> None:  # fmt: skip
+        """A whole part of token entries without logprobs or end: `begin` and `tokens`
+        in one call (the hot path: a step of a running request)."""
+        call = self.calls.get(slot if self._cluster else 0)
+        if call is None:
+            call = self.calls[slot if self._cluster else 0] = ([], [])
+        call[0].extend(keys)
+        args = call[1]
+        args += (lease, seq, len(token_ids) * 4)
+        args += token_ids
+        args += texts
 
     def tokens(
         self, args: list[Any], token_ids: Sequence[int], texts: Sequence[str],
@@ -316,7 +334,7 @@ class WriteBatch:
         them (a terminal entry after the tail shows its id as AFTER_TAIL)."""
         stored: list[Entry] = []
         for keys, args in self.calls.values():
-            a = 1
+            a = 0
             for key in keys[::2]:
                 seq, code = int(args[a + 1]), int(args[a + 2])
                 count, a = code // 4, a + 3
@@ -330,7 +348,7 @@ class WriteBatch:
                         "event": TOKEN, "index": seq - 1 + k, "token_id": ids[k], "text": texts[k]
                     }  # fmt: skip
                     if logprobs[k] != "":
-                        fields["logprob"] = logprobs[k]
+                        fields["logprob"] = float(logprobs[k])
                     stored.append((key, entry_id(seq + k), fields))
                 if code & 1:
                     seq_id, nfields = args[a], int(args[a + 1])
@@ -472,9 +490,7 @@ class StreamStore:
         node (`_pipelined`)."""
         if not batch:
             return {}
-        calls = list(batch.calls.values())
-        for _, args in calls:
-            args[0] = self._ttl_s
+        calls = [(keys, self._argv(args)) for keys, args in batch.calls.values()]
         if self.cluster:
             replies = await self._pipelined(self._write, calls)
         elif self.min_replicas and batch.ended:
@@ -496,6 +512,11 @@ class StreamStore:
             self._compact_later([key for key in batch.ended if key not in refused])
         return refused
 
+    def _argv(self, values: list[Any]) -> list[Any]:
+        """`_WRITE`'s ARGV: the TTL, then the parts' values as one MessagePack array (one
+        argument to pack and parse instead of several per token)."""
+        return [self._ttl_s, msgpack.packb(values)]
+
     async def end(
         self, key: str, fields: Fields, lease: str = "", seq_id: str = AFTER_TAIL
     ) -> Ended:
@@ -506,8 +527,8 @@ class StreamStore:
         `StreamUnusable` when the key is not a stream."""
         batch = WriteBatch()
         batch.end(batch.begin((key, lease_key(key)), 0, lease, 1), seq_id, fields)
-        keys, args = batch.calls[0]
-        args[0] = self._ttl_s
+        keys, values = batch.calls[0]
+        args = self._argv(values)
         if self.min_replicas:
             reply = await self._replicated(keys, args)
         else:
