@@ -51,6 +51,7 @@ class Scenario:
     description: str
     tokens_per_step: int = 1  # the echo engine's, as with speculative decoding or MTP
     source: Path | None = None  # the worker's code: a baseline checkout, else this one
+    prefill: bool = False  # every job queued before the worker starts (a backlog to drain)
 
 
 SCENARIOS = {
@@ -59,7 +60,9 @@ SCENARIOS = {
         Scenario("throughput", 256, 256, 0, 256, 256, "256 streams x 256 tokens, 0 ms step"),
         Scenario("latency", 200, 16, 0, 1, 1, "one stream at a time, 0 ms step"),
         Scenario("realistic", 64, 512, 20, 64, 64, "64 streams x 512 tokens, 20 ms step"),
-        Scenario("short", 5000, 1, 0, 256, 5000, "5,000 jobs of 1 token"),
+        Scenario(
+            "short", 5000, 1, 0, 256, 5000, "a backlog of 5,000 jobs of 1 token", prefill=True
+        ),
         Scenario("soak", 100_000, 1, 0, 256, 2000, "100,000 jobs of 1 token: RSS growth"),
         Scenario(
             "multitoken",
@@ -414,7 +417,6 @@ async def run_scenario(  # noqa: C901
     subscriber on that Redis Cluster."""
     run_id = uuid.uuid4().hex[:8]
     queue, prefix, port = f"bench-{run_id}", f"bench:{run_id}:", free_port()
-    worker = start_worker(scenario, queue, prefix, port, redis_url)
     cluster = redis_url != REDIS_URL
     redis: aioredis.Redis | RedisCluster = (
         RedisCluster.from_url(redis_url, decode_responses=True)
@@ -426,18 +428,15 @@ async def run_scenario(  # noqa: C901
     if isinstance(redis, RedisCluster):
         await redis.initialize()  # the slot map, before the first read asks for a node
     connection = await aio_pika.connect(AMQP_URL)
+    worker: subprocess.Popen[bytes] | None = None
     try:
-        await wait_ready(port)
-        profiler = start_profiler(scenario, worker.pid)
         channel = await connection.channel(publisher_confirms=True)
-        cpu_start, rss_start = proc_stat(worker.pid)
         ids = [f"{run_id}-{n}" for n in range(scenario.streams)]
         published: dict[str, float] = {}
         first_token: dict[str, float] = {}
         open_keys: dict[str, str] = {}
         tokens_seen = 0
         timeline: list[tuple[float, int]] = []
-        progress = tqdm(total=scenario.streams, desc=scenario.name, unit="job", leave=False)
         pending = list(reversed(ids))
 
         async def publish(count: int) -> None:
@@ -465,8 +464,18 @@ async def run_scenario(  # noqa: C901
                 )
             )
 
+        if scenario.prefill:  # a backlog the worker drains: the publisher's cost is not in it
+            await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+            await publish(scenario.concurrency)
+        worker = start_worker(scenario, queue, prefix, port, redis_url)
+        await wait_ready(port)
+        profiler = start_profiler(scenario, worker.pid)
+        cpu_start, rss_start = proc_stat(worker.pid)
+        progress = tqdm(total=scenario.streams, desc=scenario.name, unit="job", leave=False)
+
         started = time.monotonic()
-        await publish(scenario.concurrency)
+        if not scenario.prefill:
+            await publish(scenario.concurrency)
         done = 0
         warm_at = max(scenario.streams // 10, 1)  # growth is measured after a warm-up
         rss_warm = rss_start
@@ -531,11 +540,12 @@ async def run_scenario(  # noqa: C901
             tokens_over_time=timeline,
         )
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
         if isinstance(redis, aioredis.Redis):  # a cluster goes with its keys
             keys = [k async for k in redis.scan_iter(match=prefix + "*", count=10_000)]
             for start in range(0, len(keys), 10_000):
