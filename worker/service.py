@@ -27,6 +27,7 @@ from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
 from worker.pipeline.chat import check_template
+from worker.pipeline.detokenize import piece_table
 from worker.pipeline.intake import Intake
 from worker.pipeline.leases import Leases
 from worker.pipeline.pump import OutputPump
@@ -124,9 +125,10 @@ class Service:
         )
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))
-        leases = Leases(store, worker_id=self.worker_id, ttl_s=settings.lease_ttl_s)
+        leases = Leases(store, ttl_s=settings.lease_ttl_s)
         self._pump = pump = OutputPump(settings, store, leases, self.metrics)
         intake = Intake(settings, tokenizer, engine.limits)
+        piece_table(tokenizer.tokenizer)  # built now, not while the first job waits
         runner = JobRunner(settings, intake, store, leases, pump, self.metrics)
         self._runner = runner
         loop = asyncio.get_running_loop()

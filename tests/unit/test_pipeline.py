@@ -210,7 +210,7 @@ async def test_a_key_that_is_not_a_stream_is_refused_for_good(
 async def test_a_lease_held_elsewhere_is_waited_out(store: StreamStore, prefix: str) -> None:
     key = prefix + "f"
     assert await store.start(key, "gone-worker") is not None  # expires after 1 s
-    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    leases = Leases(store, ttl_s=1.0)
     attempts = 0
 
     async def start() -> Any:
@@ -228,7 +228,7 @@ async def test_a_stopping_worker_gives_up_waiting_for_a_lease(
 ) -> None:
     key = prefix + "g"
     await store.start(key, "other")
-    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    leases = Leases(store, ttl_s=1.0)
     with pytest.raises(HandBack):
         await leases.take(key, "mine", lambda: store.start(key, "mine"), lambda: True)
 
@@ -237,7 +237,7 @@ async def test_renewing_reports_a_lease_lost(
     store: StreamStore, redis: aioredis.Redis, prefix: str
 ) -> None:
     kept, lost = prefix + "h1", prefix + "h2"
-    leases = Leases(store, worker_id="w", ttl_s=1.0)
+    leases = Leases(store, ttl_s=1.0)
     for key in (kept, lost):
         await leases.take(key, "mine", lambda key=key: store.start(key, "mine"), lambda: False)  # type: ignore[misc]
     await redis.set(lease_key(lost), "thief")
@@ -274,7 +274,7 @@ class Pipeline:
     def __init__(self, store: StreamStore, prefix: str) -> None:
         self.settings = Settings(_env_file=None, stream_prefix=prefix, lease_ttl_s=1.0)
         self.metrics = Metrics()
-        self.leases = Leases(store, worker_id="w", ttl_s=1.0)
+        self.leases = Leases(store, ttl_s=1.0)
         self.pump = OutputPump(self.settings, store, self.leases, self.metrics)
         intake = Intake(self.settings, load_tokenizer(None, None))
         self.runner = JobRunner(self.settings, intake, store, self.leases, self.pump, self.metrics)

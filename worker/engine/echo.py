@@ -94,7 +94,8 @@ class EchoEngine:
             self._cancelled_waiting.add(request_id)
 
     def wake(self) -> None:
-        self._wakeup.set()
+        if not self._wakeup.is_set():  # set() takes a lock and notifies even when set
+            self._wakeup.set()
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -154,8 +155,18 @@ class EchoEngine:
             self._running[request.id] = _Running.of(request)
         finished = []
         now = time.time()
+        tokens = self._tokens_per_step
         for request_id, running in self._running.items():
-            output = self._advance(running, now, self._tokens_per_step)
+            # the common step, inline: one token that ends nothing
+            if tokens == 1 and not running.cancelled and running.request.deadline is None:
+                start = running.generated
+                token = running.source[start % len(running.source)]
+                if start + 1 < running.limit and token not in running.ends:
+                    running.generated = start + 1
+                    logprobs = [0.0] if running.request.return_logprobs else None
+                    outputs.append(EngineOutput(request_id, [token], logprobs))
+                    continue
+            output = self._advance(running, now, tokens)
             outputs.append(output)
             if output.finish is not None:
                 finished.append(request_id)

@@ -39,12 +39,12 @@ class EngineStalled(RuntimeError):
     """Requests are in flight and the engine has said nothing for too long."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Submit:
+@dataclass(slots=True)
+class _Submit:  # not frozen: a frozen dataclass costs a setattr call per field, per job
     request: EngineRequest
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Cancel:
     engine_id: int
 

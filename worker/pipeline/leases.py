@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
 from worker.contract.errors import HandBack
@@ -23,11 +24,13 @@ OnLost = Callable[[str], None]
 class Leases:
     """The lease tokens of the requests this worker has in hand, by stream key."""
 
-    def __init__(self, store: StreamStore, *, worker_id: str, ttl_s: float) -> None:
+    def __init__(self, store: StreamStore, *, ttl_s: float) -> None:
         self._store = store
-        self._worker_id = worker_id
         self._ttl_s = ttl_s
         self._ids = itertools.count(1)
+        self._token_prefix = uuid.uuid4().hex[:12]
+        """Lease tokens are this process's 48 random bits and a counter: unique per
+        attempt, and short, since every write carries its token."""
         self._tokens: dict[str, str] = {}
 
     def __contains__(self, key: str) -> bool:
@@ -44,7 +47,7 @@ class Leases:
         return dict(self._tokens)
 
     def new_token(self) -> str:
-        return f"{self._worker_id}:{next(self._ids)}"
+        return f"{self._token_prefix}:{next(self._ids):x}"
 
     async def take(
         self,
