@@ -185,9 +185,10 @@ class Looper:
         if not outputs:
             return
         self._progress_at = time.monotonic()
-        for output in outputs:
-            if output.final:
-                self._in_flight.discard(output.id)
+        in_flight = self._in_flight
+        for output in outputs:  # `final`, inline: this loop runs once per token
+            if output.finish is not None or output.error is not None:
+                in_flight.discard(output.id)
         while not self._unconsumed.acquire(timeout=IDLE_TIMEOUT_S):
             self.heartbeat = time.monotonic()
             if self._stopping.is_set():  # nobody will consume it: drop it and stop
