@@ -220,3 +220,54 @@ def redis_cluster_id(port: int) -> str:
 
 def redis_cli_ok(port: int, *args: str) -> None:
     assert redis_cli(port, *args).strip() == "OK", args
+
+
+def evalsha_calls(port: int) -> int:
+    """How many EVALSHA calls the node has run (INFO commandstats)."""
+    for line in redis_cli(port, "info", "commandstats").splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+async def test_a_batch_is_one_call_per_node(
+    redis_cluster: LocalCluster, names: dict[str, str]
+) -> None:
+    """A step of many streams, each in a slot of its own, goes to each master as one
+    script call (one per stream would cost a reply and a script run per stream), and
+    every entry lands in its stream, in order, with its lease honoured."""
+    from worker.streams.connect import connect_redis
+    from worker.streams.store import StreamStore, WriteBatch
+
+    client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
+    store = StreamStore(client, ttl_s=60)
+    keys = [names["stream_prefix"] + rid() for _ in range(60)]
+    nodes = {int(client.nodes_manager.get_node_from_slot(key_slot(k.encode())).port) for k in keys}
+    assert nodes == set(redis_cluster.ports), "test data: streams on every master"
+    try:
+        for key in keys:
+            assert await store.start(key, "mine") is not None
+        await store.write(WriteBatch.of_entries([], {}, cluster=True))  # nothing: no call
+        token: Fields = {"event": "token", "index": 0, "token_id": 97, "text": "a"}
+        second: Fields = {"event": "token", "index": 1, "token_id": 98, "text": "b"}
+        entries = [(key, "0-1", token) for key in keys] + [(key, "0-2", second) for key in keys]
+        batch = WriteBatch.of_entries(entries, dict.fromkeys(keys, "mine"), cluster=True)
+        await store.write(WriteBatch.of_entries(entries[:1], {keys[0]: "mine"}, cluster=True))
+        before = {port: evalsha_calls(port) for port in redis_cluster.ports}  # script loaded
+        assert await store.write(batch) == {}
+        after = {port: evalsha_calls(port) for port in redis_cluster.ports}
+        assert {port: after[port] - before[port] for port in after} == dict.fromkeys(
+            redis_cluster.ports, 1
+        )
+        for key in keys:
+            stored = cast(list[tuple[bytes, dict[bytes, bytes]]], await client.xrange(key))
+            assert [(i, f[b"index"], f[b"text"]) for i, f in stored] == [
+                (b"0-1", b"0", b"a"), (b"0-2", b"1", b"b")
+            ]  # fmt: skip
+        refused = await store.write(
+            WriteBatch.of_entries([(keys[1], "0-3", token)], {keys[1]: "stale"}, cluster=True)
+        )
+        assert refused[keys[1]].startswith("the lease was lost")
+    finally:
+        await client.delete(*keys, *(lease_key(k) for k in keys))
+        await client.aclose()

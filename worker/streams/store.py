@@ -68,7 +68,7 @@ AFTER_TAIL = ""
 # (nothing is written), or 'WRONGTYPE ...' for a key that is not a stream; any other
 # error fails the call. An entry refused as "equal or smaller" was stored by an earlier
 # try and is skipped.
-_WRITE = """
+_WRITE_BODY = """
 local ttl = tonumber(ARGV[1])
 local argv = cmsgpack.unpack(ARGV[2])
 
@@ -128,8 +128,8 @@ end
 
 local results = {}
 local a = 1
-for s = 1, #KEYS, 2 do
-  local stream, lease, token = KEYS[s], KEYS[s + 1], argv[a]
+for s = 1, #K, 2 do
+  local stream, lease, token = K[s], K[s + 1], argv[a]
   local seq, code = tonumber(argv[a + 1]), tonumber(argv[a + 2])
   local count = math.floor(code / 4)
   local with_logprobs = code % 4 >= 2
@@ -176,6 +176,15 @@ for s = 1, #KEYS, 2 do
 end
 return results
 """
+_WRITE = _WRITE_BODY.replace("\nlocal ttl", "\nlocal K = KEYS\nlocal ttl", 1)
+_WRITE_NODE = "#!lua flags=allow-cross-slot-keys" + _WRITE_BODY.replace(
+    "\nlocal ttl", "\nlocal K = cmsgpack.unpack(ARGV[3])\nlocal ttl", 1
+)
+"""`_WRITE` for a whole Redis Cluster node in one call: the keys of many slots (all the
+node's own) come in ARGV[3], a MessagePack array, since a call may declare keys of one
+slot only. Redis 7 refuses a key that is not the node's ("non local key"): then the
+batch goes the per-slot way. The script's writes are idempotent, so a call that stopped
+part way is simply written again."""
 
 # KEYS: stream, lease, cancel mark. ARGV: token, lease ms. A job's first call: take the
 # lease (or find it ours already) and read the stream's tail and the cancel mark, in one
@@ -431,6 +440,11 @@ class StreamStore:
         self._ttl_s = ttl_s
         self._lease_ms = max(int(lease_ttl_s * 1000), 1)
         self._write = client.register_script(_WRITE)
+        self._write_node = client.register_script(_WRITE_NODE)
+        self._node_calls = self.cluster
+        """On a cluster, whether a batch goes as one call per node (off after a node
+        refused the script itself: a Redis before 7.0)."""
+        self._node_script_loaded = False
         self._renew = client.register_script(_RENEW)
         self._start = client.register_script(_START)
         self._release = client.register_script(_RELEASE)
@@ -486,19 +500,20 @@ class StreamStore:
         A terminal entry ends its stream (expiry, lease released). Returns the keys not
         written, with why: the fence refused, or Redis refused the key for good (it is
         not a stream). Raises on connection errors (then the batch can be retried: ids
-        make a retry idempotent). On a cluster: one call per hash slot, pipelined per
-        node (`_pipelined`)."""
+        make a retry idempotent). On a cluster: one call per node (`_cluster_write`)."""
         if not batch:
             return {}
-        calls = [(keys, self._argv(args)) for keys, args in batch.calls.values()]
         if self.cluster:
-            replies = await self._pipelined(self._write, calls)
-        elif self.min_replicas and batch.ended:
-            replies = [await self._replicated(*calls[0])]
+            replies = await self._cluster_write(batch)
         else:
-            replies = [await self._write(*calls[0])]
+            keys, values = batch.calls[0]
+            argv = self._argv(values)
+            if self.min_replicas and batch.ended:
+                replies = [await self._replicated(keys, argv)]
+            else:
+                replies = [await self._write(keys, argv)]
         refused: dict[str, str] = {}
-        for (keys, _), reply in zip(calls, replies, strict=True):
+        for (keys, _), reply in zip(batch.calls.values(), replies, strict=True):
             for key, result in zip(keys[::2], reply, strict=True):
                 if result.__class__ is int and result >= 0:
                     continue
@@ -511,6 +526,20 @@ class StreamStore:
         if self.compact_after_s is not None:
             self._compact_later([key for key in batch.ended if key not in refused])
         return refused
+
+    async def _cluster_write(self, batch: WriteBatch) -> list[Any]:
+        """Per slot call its results: one call per node (`_node_writes`), and the calls
+        of a node whose call failed one per slot, pipelined per node (`_pipelined`)."""
+        replies = await self._node_writes(batch)
+        missing = [i for i, reply in enumerate(replies) if reply is None]
+        if missing:  # per slot, following MOVED and failovers
+            calls = list(batch.calls.values())
+            again = await self._pipelined(
+                self._write, [(calls[i][0], self._argv(calls[i][1])) for i in missing]
+            )
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return replies
 
     def _argv(self, values: list[Any]) -> list[Any]:
         """`_WRITE`'s ARGV: the TTL, then the parts' values as one MessagePack array (one
@@ -577,6 +606,56 @@ class StreamStore:
         pipe.execute_command("WAIT", self.min_replicas, REPLICA_WAIT_MS)
         reply, replicas = await pipe.execute()
         return reply, int(replicas)
+
+    async def _node_writes(self, batch: WriteBatch) -> list[Any]:
+        """A cluster batch as one `_WRITE_NODE` call per node the client's slot map
+        names, all nodes at once; per slot call its results, None for the calls of a
+        node whose call failed (a slot moved, a failover, the script not loaded there):
+        the caller writes those per slot, which follows MOVED and retries."""
+        unwritten: list[Any] = [None] * len(batch.calls)
+        if not self._node_calls:
+            return unwritten
+        assert isinstance(self.client, RedisCluster)
+        if not self._node_script_loaded:
+            try:
+                await self.client.script_load(self._write_node.script)
+            except ResponseError as exc:  # a Redis without script flags
+                log.info("one write call per slot (the nodes refuse per-node scripts: %s)", exc)
+                self._node_calls = False
+                return unwritten
+            self._node_script_loaded = True
+        nodes = self.client.nodes_manager
+        slots = list(batch.calls)
+        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+        try:
+            for position, slot in enumerate(slots):
+                node = nodes.get_node_from_slot(slot)
+                by_node.setdefault(node.name, (node, []))[1].append(position)
+        except RedisClusterException:  # the slot is not covered: a failover under way
+            return unwritten
+        calls = list(batch.calls.values())
+        commands: list[tuple[ClusterNode, list[int], tuple[Any, ...]]] = []
+        for node, positions in by_node.values():
+            keys = [key for p in positions for key in calls[p][0]]
+            values = [value for p in positions for value in calls[p][1]]
+            packed = (msgpack.packb(values), msgpack.packb(keys))
+            command = ("EVALSHA", self._write_node.sha, 0, self._ttl_s, *packed)
+            commands.append((node, positions, command))
+        done = await asyncio.gather(
+            *(_node_call(node, command) for node, _, command in commands),
+            return_exceptions=True,
+        )
+        replies = unwritten
+        for (_, positions, _), reply in zip(commands, done, strict=True):
+            if isinstance(reply, BaseException):
+                if isinstance(reply, NoScriptError):
+                    self._node_script_loaded = False
+                log.debug("a node's write call failed (%s); its slots go one by one", reply)
+                continue
+            results = iter(reply)
+            for p in positions:
+                replies[p] = [next(results) for _ in range(len(calls[p][0]) // 2)]
+        return replies
 
     async def _pipelined(self, script: AsyncScript, calls: Sequence[ScriptCall]) -> list[Any]:
         """One call of `script` per (keys, args) on a cluster. First `_per_node`; when it
@@ -753,6 +832,21 @@ class StreamStore:
         pipe.expire(counter, self._ttl_s)
         count, _ = await pipe.execute()
         return int(count)
+
+
+async def _node_call(node: ClusterNode, command: tuple[Any, ...]) -> Any:
+    """One command to one node on a connection of its own pool; its reply, or the error
+    it replied (raised). A connection that fails is dropped by redis-py."""
+    connection = node.acquire_connection()
+    try:
+        async with asyncio.timeout(connection.socket_timeout):
+            await connection.send_packed_command(connection.pack_command(*command))
+            return await connection.read_response(timeout=math.inf)
+    except TimeoutError:
+        await connection.disconnect(nowait=True)
+        raise
+    finally:
+        node.release(connection)
 
 
 async def _node_pipeline(
