@@ -171,3 +171,25 @@ def test_logprob_is_the_sampled_tokens_own_or_absent(
         assert all(p == gpu.logprob for p in logprobs)
     else:
         assert logprobs == [None] * 4
+
+
+def test_shutdown_leaves_no_task_pending_on_the_private_loop(tmp_path: Path, gpu: FakeGpu) -> None:
+    """The LLM API adapter's statistics task is cancelled and awaited when the adapter
+    closes: one left pending is destroyed with its loop ('Task was destroyed but it is
+    pending!'), a warning that surfaced in a later test of the suite (CI)."""
+    import asyncio
+
+    from worker.engine.trtllm import LlmApiEngine
+
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
+    assert isinstance(engine, LlmApiEngine)
+
+    async def close_and_look() -> list[asyncio.Task[object]]:
+        await engine._close()
+        current = asyncio.current_task()
+        return [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+
+    try:
+        assert asyncio.run_coroutine_threadsafe(close_and_look(), engine._loop).result(10) == []
+    finally:
+        engine.shutdown()

@@ -207,7 +207,8 @@ class LlmApiEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="trtllm-io", daemon=True)
         self._thread.start()
-        self._stats_task = asyncio.run_coroutine_threadsafe(self._follow_stats(), self._loop)
+        self._stats_runner: asyncio.Task[None] | None = None
+        asyncio.run_coroutine_threadsafe(self._follow_stats(), self._loop)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -347,6 +348,7 @@ class LlmApiEngine:
         """Forever: take each iteration's statistics as the engine yields them. The
         iterator ends after `STATS_TIMEOUT_S` without an iteration (an idle engine) and
         is simply started again."""
+        self._stats_runner = asyncio.current_task()
         while True:
             try:
                 async for sample in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
@@ -358,7 +360,9 @@ class LlmApiEngine:
             await asyncio.sleep(STATS_TIMEOUT_S)
 
     async def _close(self) -> None:
-        self._stats_task.cancel()
+        if self._stats_runner is not None:  # cancelled and awaited: none left pending
+            self._stats_runner.cancel()
+            await asyncio.gather(self._stats_runner, return_exceptions=True)
         for result in list(self._results.values()):
             result.abort()
         try:
