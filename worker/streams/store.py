@@ -10,9 +10,10 @@
 - One function ends a stream, `end_stream` in the script: the terminal entry, the TTL
   and the lease release happen together or not at all.
 - One script call per batch of engine outputs for all its streams (a call per stream
-  cost Redis more than the appends); token entries travel without their field names.
-  On Redis Cluster a script may only touch one hash slot: one call per slot, sent as
-  one pipeline per node."""
+  cost Redis more than the appends); token entries travel as columns in one
+  MessagePack argument, without ids or field names (the script builds them). On Redis
+  Cluster a call may declare keys of one hash slot only: one call per node with the
+  node's keys as an argument (`_WRITE_NODE`), else one call per slot."""
 
 from __future__ import annotations
 
@@ -273,8 +274,8 @@ class WriteBatch:
     stream a part (its tokens in columns, then maybe its terminal entry) appended
     straight to the script's KEYS and ARGV, so the worker makes no object per token and
     sends two values per token (the script builds each entry's id, index and field
-    names). One call for everything on a single node; on a cluster one per hash slot
-    (a script may only touch one slot)."""
+    names). Grouped per hash slot (one group on a single node): a call may declare keys
+    of one slot only, and the store sends a cluster's groups one call per node."""
 
     __slots__ = ("_cluster", "_code_at", "_key", "calls", "ended")
 
