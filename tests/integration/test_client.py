@@ -126,6 +126,45 @@ async def test_submit_publishes_persistent_confirmed_message(
     assert job.parameters.stop == ["\n"]
 
 
+async def test_submit_carries_the_producers_trace_context(
+    client: Client, amqp_channel: aio_pika.abc.AbstractChannel, names: dict[str, str]
+) -> None:
+    """Submitted inside a span, the job message holds that span's W3C `traceparent` (the
+    worker's span for the job will be its child); outside any span, no trace header."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    queue = await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    tracer = TracerProvider().get_tracer("producer")
+    with tracer.start_as_current_span("produce") as span:
+        await client.submit("traced")
+        context = span.get_span_context()
+    await client.submit("untraced")
+    traced = await queue.get(no_ack=True)
+    untraced = await queue.get(no_ack=True)
+    expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    assert (traced.headers or {}).get("traceparent") == expected
+    assert "traceparent" not in (untraced.headers or {})
+
+
+async def test_submit_without_opentelemetry_installed_sends_no_trace_header(
+    client: Client,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    names: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # import opentelemetry fails
+    queue = await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    await client.submit("plain")
+    message = await queue.get(no_ack=True)
+    assert "traceparent" not in (message.headers or {})  # and submit did not fail
+
+
 @pytest.mark.parametrize(
     ("kwargs", "mentions"),
     [

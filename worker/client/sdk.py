@@ -77,6 +77,20 @@ _UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
 # -- errors ---------------------------------------------------------------------------
 
 
+
+def trace_headers() -> dict[str, Any]:
+    """The producer's current trace context as W3C headers (`traceparent`,
+    `tracestate`), so that a job's trace continues in the worker; none when the
+    producer has no OpenTelemetry API installed or no span is current (it is imported
+    only here, at submit)."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict[str, Any] = {}
+    propagate.inject(carrier)
+    return carrier
+
 class ClientError(Exception):
     """Base of the client's errors; the message is one line a user can act on."""
 
@@ -421,6 +435,7 @@ class Client:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=request_id,
+            headers=trace_headers() or None,
         )
         channel = await self._publisher()
         await self._confirmed(
