@@ -77,7 +77,6 @@ _UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
 # -- errors ---------------------------------------------------------------------------
 
 
-
 def trace_headers() -> dict[str, Any]:
     """The producer's current trace context as W3C headers (`traceparent`,
     `tracestate`), so that a job's trace continues in the worker; none when the
@@ -90,6 +89,7 @@ def trace_headers() -> dict[str, Any]:
     carrier: dict[str, Any] = {}
     propagate.inject(carrier)
     return carrier
+
 
 class ClientError(Exception):
     """Base of the client's errors; the message is one line a user can act on."""
