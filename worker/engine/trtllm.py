@@ -361,8 +361,7 @@ class LlmApiEngine:
 
     async def _close(self) -> None:
         if self._stats_runner is not None:  # cancelled and awaited: none left pending
-            self._stats_runner.cancel()
-            await asyncio.gather(self._stats_runner, return_exceptions=True)
+            await _cancel(self._stats_runner)
         for result in list(self._results.values()):
             result.abort()
         try:
@@ -372,6 +371,18 @@ class LlmApiEngine:
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _cancel(task: asyncio.Task[None], attempts: int = 20) -> None:
+    """Cancel `task` and wait until it ended, cancelling again while it runs on: Python
+    3.11's `asyncio.wait_for` (in the LLM API's stats queue) loses a cancel that meets its
+    inner wait finishing (CPython gh-86296), and the task would loop forever. Gives up
+    after `attempts` half seconds (the loop is stopped next anyway)."""
+    for _ in range(attempts):
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=0.5)
+        if done:
+            return
 
 
 def _finish(
