@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import disable_created_metrics
 
@@ -26,6 +26,7 @@ from worker.ops.engine_stats import EngineStatsCollector
 from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
+from worker.ops.tracing import Tracing, tracing_enabled
 from worker.pipeline.chat import check_template
 from worker.pipeline.detokenize import piece_table
 from worker.pipeline.intake import Intake
@@ -64,6 +65,28 @@ def event_loop_name() -> str:
     return "uvloop" if module.startswith("uvloop") else "asyncio"
 
 
+def start_tracing(environ: Mapping[str, str], *, instance_id: str) -> Tracing | None:
+    """The exporter the standard variables ask for, or None: OpenTelemetry is imported
+    only here, only then."""
+    if not tracing_enabled(environ):
+        return None
+    try:
+        from worker.ops import otel
+    except ImportError as exc:
+        raise ConfigError(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
+            f"(no module {exc.name!r}): pip install 'trtllm-worker[otel]', or unset it"
+        ) from None
+    return otel.start(environ, instance_id=instance_id)
+
+
+def model_name(settings: Settings) -> str:
+    """What traces call the model (`gen_ai.request.model`): the checkpoint's or engine's
+    folder name, else the engine's."""
+    path = settings.model or settings.engine_dir
+    return path.name if path is not None and path.name else settings.engine
+
+
 REDIS_CHECK_S = 2.0
 
 EXIT_OK = 0
@@ -89,11 +112,15 @@ class Service:
         self._consumer: Consumer | None = None
         self._store: StreamStore | None = None
         self._http: ProbeServer | None = None
+        self._tracing: Tracing | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
         settings = self.settings
+        self._tracing = start_tracing(os.environ, instance_id=self.worker_id)
+        if self._tracing is not None:
+            log.info("traces: %s", self._tracing.description)
         tokenizer = tokenizer_for(settings)
         log.info(
             "tokenizer: %s, vocabulary %d, EOS ids %s",
@@ -166,6 +193,8 @@ class Service:
             on_connection_lost=runner.hand_back_all,
             prefetch=engine.capacity,
             name=f"trtllm-worker {self.worker_id}",
+            tracing=self._tracing,
+            model_name=model_name(settings),
         )
         await self._consumer.start()
         self._http = ProbeServer(
@@ -210,6 +239,8 @@ class Service:
             await self._store.close()
         if self._http is not None:
             await self._http.close()
+        if self._tracing is not None:
+            await asyncio.to_thread(self._tracing.close)
         log.info("stopped")
 
     async def __aenter__(self) -> Service:

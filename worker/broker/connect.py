@@ -123,13 +123,18 @@ async def connect(
     `ConnectionError` with one line, for the caller to report or retry."""
     failures: list[str] = []
     for each in split_urls(url):
+        # not `aio_pika.connect`: it leaves a failed attempt open, and its `__del__`
+        # then schedules a close that a program about to end never awaits
+        connection = aio_pika.Connection(
+            URL(each),
+            client_properties={"connection_name": name},
+            ssl_context=amqp_ssl_context(settings),
+        )
         try:
-            return await aio_pika.connect(
-                each,
-                timeout=timeout_s,
-                client_properties={"connection_name": name},
-                ssl_context=amqp_ssl_context(settings),
-            )
+            await connection.connect(timeout=timeout_s)
         except (OSError, TimeoutError, aiormq.exceptions.AMQPError) as exc:
+            await connection.close()
             failures.append(f"{redact_url(each)}: {reason(exc)}")
+            continue
+        return connection
     raise ConnectionError(f"cannot connect to RabbitMQ at {'; '.join(failures)}")

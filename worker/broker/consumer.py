@@ -19,6 +19,7 @@ from aio_pika.abc import (
 
 from worker.broker.cancel import CancelListener
 from worker.broker.connect import connect_robust
+from worker.broker.messages import published_ns
 from worker.broker.settle import ACKNOWLEDGE, HAND_BACK, Outcome, Settler, outcome_of
 from worker.config import Settings, redact_url
 from worker.contract.errors import Action, ConfigError, DeliveryLimitExceeded, WorkerError
@@ -26,6 +27,13 @@ from worker.contract.job import Job
 from worker.contract.stream import stream_key
 from worker.ops.log import request_id_var
 from worker.ops.metrics import Metrics
+from worker.ops.tracing import (
+    HANDED_BACK,
+    JobTrace,
+    Tracing,
+    begin_trace,
+    describe_job,
+)
 from worker.pipeline.intake import Intake
 from worker.pipeline.runner import JobResult
 from worker.streams.connect import REDIS_FAILURES
@@ -33,7 +41,7 @@ from worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
 
-RunJob = Callable[[Job, float], Awaitable[JobResult]]
+RunJob = Callable[[Job, float, JobTrace | None], Awaitable[JobResult]]
 _AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError)
 _VERB = {
     Action.ACK: "ended",
@@ -57,6 +65,8 @@ class Consumer:
         on_connection_lost: Callable[[str], int],
         name: str = "trtllm-worker",
         prefetch: int | None = None,
+        tracing: Tracing | None = None,
+        model_name: str = "echo",
     ) -> None:
         self._settings = settings
         self._intake = intake
@@ -76,6 +86,8 @@ class Consumer:
         self._closing = False
         self._paused = False
         self._settler = Settler(settings, store, metrics, lambda: self._channel)
+        self._tracing = tracing
+        self._model_name = model_name
 
     @property
     def connected(self) -> bool:
@@ -186,25 +198,53 @@ class Consumer:
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         """One message, in a task of its own (so its log lines carry its request id)."""
         received_at = time.monotonic()
-        if message.timestamp is not None:
-            waited = time.time() - message.timestamp.timestamp()
+        published = published_ns(message)
+        if published is not None:
+            waited = time.time() - published / 1e9
             self._metrics.queue_wait.observe(max(waited, 0.0))
+        trace = None
+        if self._tracing is not None:
+            trace = begin_trace(
+                message.headers,
+                published,
+                received_at,
+                self._settings.queue,
+                message.message_id,
+            )
         try:
-            outcome = await self._run(message, received_at)
+            outcome = await self._run(message, received_at, trace)
         except asyncio.CancelledError:
-            await self._settler.settle(message, HAND_BACK)
+            await self._settler.settle(message, HAND_BACK, trace)
+            self._finish_trace(trace, HAND_BACK, Action.REQUEUE)
             raise
-        await self._settler.settle(message, outcome)
+        action = await self._settler.settle(message, outcome, trace)
+        self._finish_trace(trace, outcome, action)
 
-    async def _run(self, message: AbstractIncomingMessage, received_at: float) -> Outcome:
+    def _finish_trace(self, trace: JobTrace | None, outcome: Outcome, action: Action) -> None:
+        if trace is None or self._tracing is None:
+            return
+        error = outcome.error
+        attributes = trace.attributes
+        if error is not None:
+            attributes["error.type"] = error.code
+        if action in (Action.REQUEUE, Action.RETRY):
+            trace.event(HANDED_BACK, attributes={"trtllm_worker.action": action.value})
+        # an error that ends the job (its stream has an error entry) marks the span failed
+        self._tracing.finish(trace, error if action in (Action.ACK, Action.DEAD_LETTER) else None)
+
+    async def _run(
+        self, message: AbstractIncomingMessage, received_at: float, trace: JobTrace | None
+    ) -> Outcome:
         request_id_var.set(message.message_id)
         try:
             job = self._intake.read(
                 message.body, content_type=message.content_type, message_id=message.message_id
             )
             request_id_var.set(job.request_id)
+            if trace is not None:
+                describe_job(trace, job, self._model_name)
             await self._check_deliveries(message, job.request_id)
-            result = await self._run_job(job, received_at)
+            result = await self._run_job(job, received_at, trace)
         except Exception as exc:
             outcome = outcome_of(exc)
             error = outcome.error
@@ -219,6 +259,8 @@ class Consumer:
                 log.exception("the job failed unexpectedly; it goes back to the queue")
             return outcome
         self._log_result(result, received_at)
+        if trace is not None:
+            trace_result(trace, result)
         return ACKNOWLEDGE
 
     def _log_result(self, result: JobResult, received_at: float) -> None:
@@ -256,3 +298,19 @@ class Consumer:
                 f"(WORKER_DELIVERY_LIMIT={self._settings.delivery_limit})",
                 request_id=request_id,
             )
+
+
+def trace_result(trace: JobTrace, result: JobResult) -> None:
+    """The span's GenAI usage and response attributes, from the terminal entry."""
+    terminal = result.terminal
+    attributes = trace.attributes
+    if terminal is None:
+        attributes["trtllm_worker.outcome"] = "skipped"
+        return
+    attributes["trtllm_worker.outcome"] = terminal.outcome
+    attributes["gen_ai.usage.output_tokens"] = terminal.generated_tokens
+    finish = terminal.fields.get("finish_reason")
+    if finish is not None:
+        attributes["gen_ai.response.finish_reasons"] = (str(finish),)
+    if result.first_token_s is not None:
+        attributes["trtllm_worker.time_to_first_token_s"] = result.first_token_s

@@ -7,6 +7,10 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+PUBLISHED_MS_HEADER = "timestamp_in_ms"
+"""Milliseconds since the epoch at publication, as RabbitMQ's message-timestamp plugin
+names it (the SDK sets it too); the AMQP `timestamp` property holds whole seconds."""
+
 
 def persistent_copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:
     """The message's body and properties as a new persistent message with `headers`.
@@ -26,3 +30,15 @@ def persistent_copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -
         type=message.type,
         app_id=message.app_id,
     )
+
+
+def published_ns(message: AbstractIncomingMessage) -> int | None:
+    """When the message was published (nanoseconds since the epoch), if it says: the
+    `timestamp_in_ms` header, else the `timestamp` property."""
+    headers = message.headers
+    if headers:
+        value = headers.get(PUBLISHED_MS_HEADER)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value * 1_000_000
+    stamp = message.timestamp
+    return None if stamp is None else int(stamp.timestamp() * 1e9)

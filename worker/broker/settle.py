@@ -21,6 +21,7 @@ from worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerErr
 from worker.contract.job import valid_request_id
 from worker.contract.stream import error_fields, stream_key
 from worker.ops.metrics import Metrics
+from worker.ops.tracing import DEAD_LETTERED, TERMINAL, JobTrace
 from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import Ended, StreamStore
 
@@ -173,16 +174,25 @@ class Settler:
         self._channel = channel
         self.acks = AckBatcher()
 
-    async def settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> Action:
+    async def settle(
+        self, message: AbstractIncomingMessage, outcome: Outcome, trace: JobTrace | None = None
+    ) -> Action:
         """Carry out the outcome; returns the action taken (a failed error entry or dead
         letter turns into a counted retry)."""
         action = outcome.action
         error = outcome.error
         try:
-            if error is not None and error.writes_error_entry:
-                await self._error_entry(message, error)
+            if (
+                error is not None
+                and error.writes_error_entry
+                and await self._error_entry(message, error)
+                and trace is not None
+            ):
+                trace.event(TERMINAL)
             if action is Action.DEAD_LETTER and error is not None:
                 await self._dead_letter(message, error)
+                if trace is not None:
+                    trace.event(DEAD_LETTERED, attributes={"error.type": error.code})
         except _FAILURES as exc:
             log.warning("%s failed (%s); the message goes back", action.value, exc)
             action = Action.RETRY
@@ -210,21 +220,22 @@ class Settler:
                 "settling the message (%s) failed (%s); it will be redelivered", action.value, exc
             )
 
-    async def _error_entry(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
+    async def _error_entry(self, message: AbstractIncomingMessage, error: WorkerError) -> bool:
         """The `error` entry, through the store's one fenced end: with the lease the job
-        held, or, with none, only where no worker owns the stream. Raises on Redis
-        failures."""
+        held, or, with none, only where no worker owns the stream. True if it is stored
+        now; raises on Redis failures."""
         request_id = error.request_id or valid_request_id(message.message_id)
         if request_id is None:
-            return
+            return False
         key = stream_key(self._settings.stream_prefix, request_id)
         try:
             ended = await self._store.end(key, error_fields(error.code, error.message), error.lease)
         except StreamUnusable as exc:  # the key is not a stream: the dead letter says why
             log.warning("cannot append the error entry: %s", exc.message)
-            return
+            return False
         if ended is Ended.NOT_OURS:
             log.warning("error entry not written: another worker holds the request's lease")
+        return ended is Ended.STORED
 
     async def _dead_letter(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
         """Copy the message to `<queue>.dead` with the reason, confirmed by the broker."""

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,6 +245,22 @@ def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
     return params
 
 
+def trace_context(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """`TRACEPARENT` and `TRACESTATE` (OpenTelemetry's environment carrier): a caller's
+    span becomes the job's parent, as a traced script or CI job would have it."""
+    from worker.client.sdk import TRACEPARENT
+
+    traceparent = environ.get("TRACEPARENT", "").strip()
+    if not traceparent:
+        return None
+    if not TRACEPARENT.match(traceparent.lower()):
+        raise UsageError(f"TRACEPARENT: not a W3C traceparent: {traceparent!r}")
+    context = {"traceparent": traceparent}
+    if environ.get("TRACESTATE", "").strip():
+        context["tracestate"] = environ["TRACESTATE"].strip()
+    return context
+
+
 def submit_options(args: argparse.Namespace) -> JobOptions:
     """The job fields of `submit`'s options (a usage error for what cannot be read)."""
     if (args.prompt is None) == (args.messages is None):
@@ -336,7 +352,9 @@ async def _submit(client: Client, args: argparse.Namespace) -> int:
     options = submit_options(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     started = time.monotonic()
-    request_id = await client.submit(prompt, submit_parameters(args), **options)
+    request_id = await client.submit(
+        prompt, submit_parameters(args), trace_context=trace_context(os.environ), **options
+    )
     if not args.follow:
         print(request_id, flush=True)
         return EXIT_OK

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
+import time
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -42,7 +44,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.broker.connect import connect, reason
-from worker.broker.messages import persistent_copy
+from worker.broker.messages import PUBLISHED_MS_HEADER, persistent_copy
 from worker.client.admin import (
     DROPPED_HEADERS,
     RESET_FOR_REQUEUE,
@@ -77,11 +79,23 @@ _UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
 # -- errors ---------------------------------------------------------------------------
 
 
-def trace_headers() -> dict[str, Any]:
-    """The producer's current trace context as W3C headers (`traceparent`,
-    `tracestate`), so that a job's trace continues in the worker; none when the
-    producer has no OpenTelemetry API installed or no span is current (it is imported
-    only here, at submit)."""
+TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+"""W3C Trace Context's `traceparent` (version, trace id, parent id, flags)."""
+
+
+def trace_headers(given: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The trace context for a job's headers, so that its trace continues in the worker:
+    `given` W3C headers (`traceparent`, `tracestate`), else the producer's current
+    OpenTelemetry context; none when the producer has no OpenTelemetry API installed or
+    no span is current (it is imported only here, at submit)."""
+    if given is not None:
+        traceparent = given.get("traceparent", "").strip().lower()
+        if not TRACEPARENT.match(traceparent) or traceparent.startswith("ff"):
+            raise ValueError(f"not a W3C traceparent: {traceparent!r}")
+        headers: dict[str, Any] = {"traceparent": traceparent}
+        if given.get("tracestate"):
+            headers["tracestate"] = given["tracestate"].strip()
+        return headers
     try:
         from opentelemetry import propagate
     except ImportError:
@@ -421,21 +435,30 @@ class Client:
         self,
         inputs: str | Seq[int] | None = None,
         parameters: Mapping[str, Any] | Parameters | None = None,
+        *,
+        trace_context: Mapping[str, str] | None = None,
         **options: Unpack[JobOptions],
     ) -> str:
         """Validate the job as the worker will (`InvalidJobError`, nothing published),
         publish it persistent with publisher confirms, and return its request id once
         the broker has it. `inputs` is the prompt, or a list of token ids; or give
-        `messages` (a conversation) instead. The other fields: `JobOptions`."""
+        `messages` (a conversation) instead. The other fields: `JobOptions`.
+
+        The job's trace continues the current OpenTelemetry span, or `trace_context`
+        (W3C `traceparent` and `tracestate` headers; `ValueError` if malformed)."""
+        headers = trace_headers(trace_context)
         body = job_body(inputs, parameters, **options)
         encoded = validate_job(body, self.limits)
         request_id = str(body["request_id"])
+        now = time.time()
+        headers[PUBLISHED_MS_HEADER] = int(now * 1000)
         message = aio_pika.Message(
             encoded,
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=request_id,
-            headers=trace_headers() or None,
+            timestamp=now,
+            headers=headers,
         )
         channel = await self._publisher()
         await self._confirmed(

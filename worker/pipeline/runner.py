@@ -19,6 +19,7 @@ from worker.contract.stream import FinishReason, entry_id
 from worker.engine.base import EngineRequest, Sampling
 from worker.engine.looper import Looper
 from worker.ops.metrics import Metrics
+from worker.ops.tracing import FIRST_TOKEN, INTAKE, RESUMED, SUBMITTED, TERMINAL, JobTrace
 from worker.pipeline.intake import Intake, PreparedInput
 from worker.pipeline.leases import Leases, lease_lost
 from worker.pipeline.output import RequestState, Terminal
@@ -93,7 +94,7 @@ class JobRunner:
 
     # -- jobs -------------------------------------------------------------------------
 
-    async def run(self, job: Job, received_at: float) -> JobResult:
+    async def run(self, job: Job, received_at: float, trace: JobTrace | None = None) -> JobResult:
         """Run one job to its terminal entry. Raises a `WorkerError` whose action says
         what becomes of the message, or a Redis error (retry later)."""
         previous = self._active.get(job.request_id)
@@ -102,7 +103,7 @@ class JobRunner:
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._active[job.request_id] = finished
         try:
-            return await self._run(job, received_at)
+            return await self._run(job, received_at, trace)
         finally:
             self._cancel_requested.discard(job.request_id)
             del self._active[job.request_id]
@@ -123,7 +124,7 @@ class JobRunner:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 
-    async def _run(self, job: Job, received_at: float) -> JobResult:
+    async def _run(self, job: Job, received_at: float, trace: JobTrace | None) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
         token = self._leases.new_token()
         stream = await self._leases.take(
@@ -133,7 +134,7 @@ class JobRunner:
             lambda: self._stopping,
         )
         try:
-            return await self._run_leased(job, key, stream, received_at)
+            return await self._run_leased(job, key, stream, received_at, trace)
         except WorkerError as exc:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
@@ -146,11 +147,13 @@ class JobRunner:
                 await self._leases.release(leases)
 
     async def _run_leased(
-        self, job: Job, key: str, stream: StreamState, received_at: float
+        self, job: Job, key: str, stream: StreamState, received_at: float, trace: JobTrace | None
     ) -> JobResult:
         if stream.terminal:
             return JobResult(None)
         prepared = await self._intake.prepare(job)
+        if trace is not None:
+            trace_intake(trace, prepared)
         if job.deadline is not None and datetime.now(UTC) >= job.deadline:
             raise DeadlineExceeded(
                 f"deadline {job.deadline.isoformat()} passed before the job started",
@@ -158,14 +161,18 @@ class JobRunner:
             )
         state = self._new_state(job, key, prepared)
         if stream.token_ids:
+            if trace is not None:
+                trace.event(
+                    RESUMED, attributes={"trtllm_worker.resumed_tokens": len(stream.token_ids)}
+                )
             finish = self._resume(state, stream, prepared)
             if finish is not None:
-                return await self._end_now(state, finish)
+                return await self._end_now(state, finish, trace)
         if stream.cancelled or job.request_id in self._cancel_requested:
-            return await self._end_now(state, FinishReason.CANCELLED)
+            return await self._end_now(state, FinishReason.CANCELLED, trace)
         if self.engine_error is not None or self._looper is None:
             raise HandBack("the engine is not running", request_id=job.request_id)
-        terminal = await self._submit(job, state, prepared, stream.token_ids, received_at)
+        terminal = await self._submit(job, state, prepared, stream.token_ids, received_at, trace)
         ttft = None if state.first_token_at is None else state.first_token_at - received_at
         return JobResult(terminal, ttft)
 
@@ -212,7 +219,9 @@ class JobRunner:
             return FinishReason.LENGTH
         return None
 
-    async def _end_now(self, state: RequestState, finish: FinishReason) -> JobResult:
+    async def _end_now(
+        self, state: RequestState, finish: FinishReason, trace: JobTrace | None
+    ) -> JobResult:
         """End a job that needs no engine (cancelled before it started, resumed at its
         end) through the store's one fenced end."""
         terminal = Terminal(state.done_fields(finish), state.next_index)
@@ -227,6 +236,8 @@ class JobRunner:
         if ended is Ended.ENTRIES_LOST:
             raise HandBack(ENTRIES_LOST_REASON, request_id=state.request_id)
         self._leases.forget(state.key)
+        if trace is not None:
+            trace.event(TERMINAL)
         return JobResult(terminal)
 
     async def _submit(
@@ -236,6 +247,7 @@ class JobRunner:
         prepared: PreparedInput,
         published_ids: list[int],
         received_at: float,
+        trace: JobTrace | None,
     ) -> Terminal:
         params = job.parameters
         resumed = len(published_ids)
@@ -267,6 +279,8 @@ class JobRunner:
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)
         self._looper.submit(request)
+        if trace is not None:
+            trace.event(SUBMITTED)
         timer = None
         if job.deadline is not None:
             delay = (job.deadline - datetime.now(UTC)).total_seconds()
@@ -279,8 +293,12 @@ class JobRunner:
         finally:
             if timer is not None:
                 timer.cancel()
+            if trace is not None and state.first_token_at is not None:
+                trace.event(FIRST_TOKEN, state.first_token_at)
         if state.first_token_at is not None:
             self._metrics.ttft.observe(state.first_token_at - received_at)
+        if trace is not None:
+            trace.event(TERMINAL)
         return terminal
 
     def cancel(self, request_id: str, cause: FinishReason = FinishReason.CANCELLED) -> bool:
@@ -300,3 +318,10 @@ class JobRunner:
     async def keep_leases(self) -> None:
         """Forever: renew the leases of the jobs in hand; drop the ones lost."""
         await self._leases.keep(self._pump.drop_lost_lease)
+
+
+def trace_intake(trace: JobTrace, prepared: PreparedInput) -> None:
+    trace.event(INTAKE)
+    attributes = trace.attributes
+    attributes["gen_ai.request.max_tokens"] = prepared.max_new_tokens
+    attributes["gen_ai.usage.input_tokens"] = len(prepared.prompt_ids)
