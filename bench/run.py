@@ -52,6 +52,7 @@ class Scenario:
     tokens_per_step: int = 1  # the echo engine's, as with speculative decoding or MTP
     source: Path | None = None  # the worker's code: a baseline checkout, else this one
     prefill: bool = False  # every job queued before the worker starts (a backlog to drain)
+    env: tuple[tuple[str, str], ...] = ()  # more of the worker's environment
 
 
 SCENARIOS = {
@@ -85,6 +86,16 @@ SCENARIOS = {
             f" {BASELINE_REF[:12]}, same run",
         ),
         Scenario(
+            "tracing",
+            256,
+            256,
+            0,
+            256,
+            256,
+            "256 streams x 1,024 tokens and 5,000 jobs of 1 token, traced over OTLP vs. not,"
+            " same run",
+        ),
+        Scenario(
             "cluster",
             256,
             1024,
@@ -114,6 +125,8 @@ class Result:
     engine_thread_cpu_s_per_1000_tokens: float
     """Of that, the engine thread's (the echo engine standing in for the GPU, and the
     loop that hands its outputs over)."""
+    children_cpu_s_per_1000_tokens: float
+    """Of the worker's child processes (the trace exporter), not in the figure above."""
     rss_peak_mib: float
     rss_start_mib: float
     rss_warm_mib: float
@@ -150,6 +163,20 @@ def proc_stat(pid: int) -> tuple[float, float]:
     with open(f"/proc/{pid}/status") as status:
         rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
     return cpu, rss / 1024
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of the process's child processes now running (the trace exporter)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            children = [int(each) for each in listing.read().split()]
+    except OSError:
+        return 0.0
+    total = 0.0
+    for child in children:
+        with contextlib.suppress(OSError):
+            total += proc_stat(child)[0]
+    return total
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -209,6 +236,7 @@ def start_worker(
         WORKER_LOG_LEVEL="WARNING",
         WORKER_STREAM_TTL_S="600",
     )
+    env.update(scenario.env)
     cwd = None
     if scenario.source is not None:  # its `worker` package before the installed one
         env["PYTHONPATH"] = str(scenario.source)
@@ -474,6 +502,7 @@ async def run_scenario(  # noqa: C901
         await wait_ready(port)
         profiler = start_profiler(scenario, worker.pid)
         cpu_start, rss_start = proc_stat(worker.pid)
+        children_cpu_start = children_cpu_s(worker.pid)
         engine_cpu_start = thread_cpu_s(worker.pid, "engine-looper")
         progress = tqdm(total=scenario.streams, desc=scenario.name, unit="job", leave=False)
 
@@ -515,6 +544,7 @@ async def run_scenario(  # noqa: C901
             profiler.send_signal(signal.SIGINT)
             profiler.wait(60)
         cpu_end, rss_end = proc_stat(worker.pid)
+        children_cpu = children_cpu_s(worker.pid) - children_cpu_start
         engine_cpu = thread_cpu_s(worker.pid, "engine-looper") - engine_cpu_start
         rss_peak = peak_rss_mib(worker.pid)
         _, metrics = await http_get(port, "/metrics")
@@ -535,6 +565,7 @@ async def run_scenario(  # noqa: C901
             emit_ms_p99=None if emit_p99 is None else round(emit_p99, 3),
             cpu_s_per_1000_tokens=round((cpu_end - cpu_start) / max(tokens_seen, 1) * 1000, 4),
             engine_thread_cpu_s_per_1000_tokens=round(engine_cpu / max(tokens_seen, 1) * 1000, 4),
+            children_cpu_s_per_1000_tokens=round(children_cpu / max(tokens_seen, 1) * 1000, 4),
             rss_peak_mib=round(rss_peak, 1),
             rss_start_mib=round(rss_start, 1),
             rss_end_mib=round(rss_end, 1),
@@ -818,6 +849,85 @@ def compare_baseline(scenario: Scenario, ceiling: float) -> None:
     )
 
 
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[int]:
+    """bench/otlp_sink.py in a process of its own; yields its port."""
+    port = free_port()
+    sink = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "otlp_sink.py"), str(port)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert sink.stdout is not None
+        sink.stdout.readline()  # "listening"
+        yield port
+    finally:
+        sink.terminate()
+        sink.wait(10)
+
+
+def sink_count(port: int) -> dict[str, int]:
+    """Spans the sink received since the last count."""
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"GET /spans HTTP/1.0\r\nHost: sink\r\n\r\n")
+        reply = b"".join(iter(lambda: conn.recv(65536), b""))
+    return dict(json.loads(reply.partition(b"\r\n\r\n")[2]))
+
+
+def compare_tracing(scenario: Scenario, ceiling: float) -> None:
+    """Throughput and short jobs with every job traced (OTLP/HTTP to a local sink that
+    discards, the SDK's batch processor at its defaults), with one job in ten traced
+    (`OTEL_TRACES_SAMPLER=traceidratio`, 0.1) and without, in the order off, on, tenth,
+    tenth, on, off; the spans the sink received are counted after each run."""
+    figures = (
+        "tokens_per_s", "jobs_per_s", "cpu_s_per_1000_tokens",
+        "children_cpu_s_per_1000_tokens", "ttft_ms_p50",
+    )  # fmt: skip
+    data: dict[str, Any] = {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "redis_xadd_per_s": round(ceiling, 1),
+    }
+    with otlp_sink() as port:
+        endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        env = {
+            "off": (),
+            "on": (endpoint,),
+            "tenth": (
+                endpoint,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+            ),
+        }
+        longer = dataclasses.replace(SCENARIOS["throughput"], tokens=1024)  # less noise
+        for shape in (longer, SCENARIOS["short"]):
+            runs: dict[str, list[Result]] = {"off": [], "on": [], "tenth": []}
+            spans: dict[str, list[int]] = {"on": [], "tenth": []}
+            for which in ("off", "on", "tenth", "tenth", "on", "off"):
+                named = dataclasses.replace(
+                    shape, name=f"{scenario.name}-{shape.name}-{which}", env=env[which]
+                )
+                runs[which].append(asyncio.run(run_scenario(named, ceiling)))
+                if which != "off":  # the worker has stopped: its last batch is exported
+                    spans[which].append(sink_count(port)["spans"])
+            part: dict[str, Any] = {w: mean_of(results, figures) for w, results in runs.items()}
+            figure = "jobs_per_s" if shape.name == "short" else "tokens_per_s"
+            part["figure"] = figure
+            for which in ("on", "tenth"):
+                part[f"{which}_vs_off"] = round(part[which][figure] / part["off"][figure], 3)
+            part["spans_received"] = spans
+            part["jobs_per_run"] = shape.streams
+            part["runs"] = {w: [summary(r) for r in results] for w, results in runs.items()}
+            data[shape.name] = part
+            print(
+                f"{scenario.name:>10}: {shape.name} {figure.replace('_per_s', '/s')} traced"
+                f" {part['on'][figure]:,.0f} ({part['on_vs_off']:.3f} x), one in ten"
+                f" {part['tenth'][figure]:,.0f} ({part['tenth_vs_off']:.3f} x), untraced"
+                f" {part['off'][figure]:,.0f}; spans received {spans} of {shape.streams} jobs"
+            )
+    (RESULTS / "tracing.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
 def compare_tokens_per_step(scenario: Scenario, ceiling: float) -> None:
     """The same number of engine steps with several tokens per step (as speculative
     decoding and MTP hand over) and with one, in the order one, several, several, one."""
@@ -985,6 +1095,9 @@ def main() -> None:
             continue
         if name == "baseline":
             compare_baseline(SCENARIOS[name], ceiling)
+            continue
+        if name == "tracing":
+            compare_tracing(SCENARIOS[name], ceiling)
             continue
         if name in SWEEPS:
             run_sweep(name, ceiling)

@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from prometheus_client import disable_created_metrics
 
@@ -26,7 +26,7 @@ from worker.ops.engine_stats import EngineStatsCollector
 from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
-from worker.ops.tracing import Tracing, tracing_enabled
+from worker.ops.tracing import Tracing, start_tracing
 from worker.pipeline.chat import check_template
 from worker.pipeline.detokenize import piece_table
 from worker.pipeline.intake import Intake
@@ -63,21 +63,6 @@ def event_loop_name() -> str:
     """`uvloop` or `asyncio`: the running loop, for the startup line."""
     module = type(asyncio.get_running_loop()).__module__
     return "uvloop" if module.startswith("uvloop") else "asyncio"
-
-
-def start_tracing(environ: Mapping[str, str], *, instance_id: str) -> Tracing | None:
-    """The exporter the standard variables ask for, or None: OpenTelemetry is imported
-    only here, only then."""
-    if not tracing_enabled(environ):
-        return None
-    try:
-        from worker.ops import otel
-    except ImportError as exc:
-        raise ConfigError(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
-            f"(no module {exc.name!r}): pip install 'trtllm-worker[otel]', or unset it"
-        ) from None
-    return otel.start(environ, instance_id=instance_id)
 
 
 def model_name(settings: Settings) -> str:
@@ -118,7 +103,7 @@ class Service:
 
     async def start(self) -> None:
         settings = self.settings
-        self._tracing = start_tracing(os.environ, instance_id=self.worker_id)
+        self._tracing = await start_tracing(os.environ, instance_id=self.worker_id)
         if self._tracing is not None:
             log.info("traces: %s", self._tracing.description)
         tokenizer = tokenizer_for(settings)
@@ -240,7 +225,7 @@ class Service:
         if self._http is not None:
             await self._http.close()
         if self._tracing is not None:
-            await asyncio.to_thread(self._tracing.close)
+            await self._tracing.close()
         log.info("stopped")
 
     async def __aenter__(self) -> Service:

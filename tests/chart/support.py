@@ -117,6 +117,10 @@ ALL_ON: dict[str, Any] = merge(
         "tmp": {"sizeLimit": "2Gi"},
         "cache": {"sizeLimit": "20Gi"},
         "extraEnv": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+        "tracing": {
+            "endpoint": "http://otel-collector.observability:4318",
+            "headersSecret": {"name": "otlp-auth"},
+        },
         "extraVolumes": [{"name": "tls", "secret": {"secretName": "worker-tls"}}],
         "extraVolumeMounts": [{"name": "tls", "mountPath": "/etc/worker/tls", "readOnly": True}],
         "initContainers": [

@@ -554,3 +554,46 @@ def test_keda_without_a_management_url_fails() -> None:
 def test_keda_replica_bounds_are_checked() -> None:
     values = merge(ALL_ON, {"keda": {"minReplicaCount": 5, "maxReplicaCount": 2}})
     assert "keda.minReplicaCount (5) exceeds keda.maxReplicaCount (2)" in render_error(values)
+
+
+def test_no_tracing_variables_by_default(default: Rendered) -> None:
+    assert not [name for name in default.env() if name.startswith("OTEL_")]
+
+
+def test_tracing_passes_the_otel_variables() -> None:
+    rendered = render(
+        merge(
+            CHART_SECRET,
+            {
+                "tracing": {
+                    "endpoint": "http://otel-collector.observability:4317",
+                    "protocol": "grpc",
+                    "serviceName": "gen-workers",
+                    "sampler": "parentbased_traceidratio",
+                    "samplerArg": "0.1",
+                    "resourceAttributes": "deployment.environment.name=prod",
+                    "headersSecret": {"name": "otlp-auth", "key": "headers"},
+                    "env": {"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"},
+                }
+            },
+        )
+    )
+    env = rendered.env()
+    values = {name: item.get("value") for name, item in env.items()}
+    assert values["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
+    assert values["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    assert values["OTEL_SERVICE_NAME"] == "gen-workers"
+    assert values["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert values["OTEL_TRACES_SAMPLER_ARG"] == "0.1"
+    assert values["OTEL_EXPORTER_OTLP_COMPRESSION"] == "gzip"
+    assert values["OTEL_RESOURCE_ATTRIBUTES"] == (
+        "k8s.pod.name=$(OTEL_K8S_POD_NAME),k8s.namespace.name=$(OTEL_K8S_NAMESPACE_NAME),"
+        "k8s.node.name=$(OTEL_K8S_NODE_NAME),deployment.environment.name=prod"
+    )
+    assert env["OTEL_K8S_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"] == {
+        "secretKeyRef": {"name": "otlp-auth", "key": "headers"}
+    }
+    # Kubernetes expands $(VAR) only from variables defined before it
+    names = list(env)
+    assert names.index("OTEL_K8S_NODE_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")

@@ -69,6 +69,10 @@ def test_schema_accepts(values: dict[str, Any]) -> None:
         ({"livenessProbe": {"successThreshold": 2}}, "/livenessProbe/successThreshold"),
         ({"model": {"mountPath": "models"}}, "/model/mountPath"),
         ({"keda": {"queueLength": "many"}}, "/keda/queueLength"),
+        ({"tracing": {"protocol": "http/json"}}, "/tracing/protocol"),
+        ({"tracing": {"endpoint": "otel:4317"}}, "/tracing/endpoint"),
+        ({"tracing": {"samplerArg": "10%"}}, "/tracing/samplerArg"),
+        ({"tracing": {"env": {"WORKER_QUEUE": "x"}}}, "does not match pattern '^OTEL_"),
     ],
 )
 def test_schema_rejects(values: dict[str, Any], expected: str) -> None:

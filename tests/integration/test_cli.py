@@ -7,10 +7,12 @@ import asyncio
 import importlib.util
 import os
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import aio_pika
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
@@ -400,3 +402,31 @@ async def test_check_reports_the_chat_template_and_guided_decoding(
     plain = await cli.run("check", WORKER_GUIDED_DECODING="none")
     assert "ok chat template: none (jobs with messages are refused)" in plain.stdout
     assert "ok guided decoding: none (jobs with a grammar are refused)" in plain.stdout
+
+
+async def test_submit_continues_the_trace_of_traceparent(
+    cli: Cli, amqp_channel: aio_pika.abc.AbstractChannel, names: dict[str, str]
+) -> None:
+    """TRACEPARENT/TRACESTATE (OpenTelemetry's environment carrier) make the caller's
+    span the job's parent; the message also says when it was published."""
+    queue = await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    traceparent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    before = int(time.time() * 1000)
+    result = await cli.run("submit", "hi", TRACEPARENT=traceparent, TRACESTATE="ci=1")
+    assert result.code == 0, result.stderr
+    message = await queue.get(no_ack=True)
+    headers = message.headers or {}
+    assert (headers["traceparent"], headers["tracestate"]) == (traceparent, "ci=1")
+    published = headers["timestamp_in_ms"]
+    assert isinstance(published, int)
+    assert before <= published <= int(time.time() * 1000)
+    assert message.timestamp is not None
+
+
+async def test_submit_refuses_a_malformed_traceparent(cli: Cli) -> None:
+    result = await cli.run("submit", "hi", TRACEPARENT="00-not-a-trace-01")
+    assert result.code == 2
+    assert result.stderr.strip().endswith("TRACEPARENT: not a W3C traceparent: '00-not-a-trace-01'")
+    no_traceback(result)

@@ -246,7 +246,7 @@ async def test_traces_asked_for_without_opentelemetry_installed_is_a_config_erro
     assert await worker.wait() == 2
     assert (
         "OTEL_EXPORTER_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
-        "(no module 'opentelemetry'): pip install 'trtllm-worker[otel]', or unset it"
+        "(no module 'opentelemetry.sdk'): pip install 'trtllm-worker[otel]', or unset it"
     ) in worker.log()
 
 
@@ -255,17 +255,16 @@ def test_without_the_variables_opentelemetry_is_never_imported() -> None:
     module when no OTLP endpoint is set. (redis-py itself imports OpenTelemetry's
     metrics SDK when it is installed, for its own opt-in metrics: that is the baseline.)"""
     code = (
-        "import sys\n"
+        "import asyncio, sys\n"
         "import redis.asyncio, aio_pika\n"
         "def loaded(): return {m for m in sys.modules if m.startswith('opentelemetry')}\n"
         "baseline = loaded()\n"
         "import worker.service, worker.broker.consumer, worker.pipeline.runner\n"
-        "from worker.service import start_tracing\n"
-        "assert start_tracing({'OTEL_SERVICE_NAME': 'x'}, instance_id='i') is None\n"
-        "assert start_tracing({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://h:4318',"
-        " 'OTEL_SDK_DISABLED': 'true'}, instance_id='i') is None\n"
-        "assert start_tracing({'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://h:4318',"
-        " 'OTEL_TRACES_EXPORTER': 'none'}, instance_id='i') is None\n"
+        "from worker.ops.tracing import start_tracing\n"
+        "url = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://h:4318'}\n"
+        "for env in ({'OTEL_SERVICE_NAME': 'x'}, {**url, 'OTEL_SDK_DISABLED': 'true'},\n"
+        "            {**url, 'OTEL_TRACES_EXPORTER': 'none'}):\n"
+        "    assert asyncio.run(start_tracing(env, instance_id='i')) is None\n"
         "print(sorted(loaded() - baseline), 'worker.ops.otel' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

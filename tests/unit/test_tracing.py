@@ -1,0 +1,105 @@
+"""Traces: which variables switch them on, and a job's packed trace as the exporter
+process turns it into a span (the SDK's own in-memory exporter receives it)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from worker.contract.errors import ConfigError, InvalidJob
+from worker.ops import otel
+from worker.ops.tracing import (
+    INTAKE,
+    TERMINAL,
+    begin_trace,
+    protocol_of,
+    tracing_enabled,
+)
+
+URL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "enabled"),
+    [
+        ({}, False),
+        ({"OTEL_SERVICE_NAME": "x"}, False),
+        (URL, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, False),
+        ({**URL, "OTEL_SDK_DISABLED": "TRUE"}, False),
+        ({**URL, "OTEL_SDK_DISABLED": "false"}, True),
+        ({**URL, "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({**URL, "OTEL_TRACES_EXPORTER": "otlp"}, True),
+    ],
+)
+def test_the_standard_variables_switch_traces(environ: dict[str, str], enabled: bool) -> None:
+    assert tracing_enabled(environ) is enabled
+
+
+def test_an_exporter_other_than_otlp_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER='console'"):
+        tracing_enabled({**URL, "OTEL_TRACES_EXPORTER": "console"})
+
+
+def test_protocols() -> None:
+    assert protocol_of({}) == "http/protobuf"  # the specification's default
+    assert protocol_of({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == "grpc"
+    both = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    }
+    assert protocol_of(both) == "http/protobuf"  # the traces variable wins
+    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL='http/json'"):
+        protocol_of({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+def exported(record: bytes) -> Any:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.export(provider.get_tracer("test"), msgpack.unpackb(record))
+    (span,) = exporter.get_finished_spans()
+    return span
+
+
+def test_a_packed_trace_becomes_one_span_with_its_times() -> None:
+    received_at = time.monotonic()
+    published = time.time_ns() - 250_000_000  # a quarter second in the queue
+    headers = {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "x-delivery-count": 1}
+    trace = begin_trace(headers, published, received_at, "generate", "r1")
+    trace.name = "chat m"
+    trace.attributes["gen_ai.response.finish_reasons"] = ("stop",)
+    trace.event(INTAKE, received_at + 0.01)
+    trace.event(TERMINAL, received_at + 0.5, {"n": 3})
+    span = exported(trace.packed(None))
+    assert span.name == "chat m"
+    assert span.kind is SpanKind.CONSUMER
+    assert span.parent.trace_id == int("1" * 32, 16)
+    assert span.parent.span_id == int("2" * 16, 16)
+    assert span.start_time == published
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert span.attributes["messaging.destination.name"] == "generate"
+    assert [e.name for e in span.events] == ["received", INTAKE, TERMINAL]
+    offsets = [(e.timestamp - span.events[0].timestamp) / 1e6 for e in span.events]
+    assert offsets == pytest.approx([0, 10, 500], abs=0.001)  # milliseconds
+    assert span.events[2].attributes == {"n": 3}
+    assert span.end_time >= span.events[-1].timestamp
+    assert span.status.status_code is StatusCode.UNSET
+
+
+def test_a_failed_job_is_an_error_span_and_a_message_in_the_future_starts_at_receipt() -> None:
+    received_at = time.monotonic()
+    trace = begin_trace(None, time.time_ns() + 60 * 10**9, received_at, "q", None)
+    span = exported(trace.packed(InvalidJob("max_new_tokens: too many")))
+    assert span.parent is None  # no trace headers: a trace of its own
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "max_new_tokens: too many"
+    assert span.start_time <= span.events[0].timestamp  # a producer's clock ahead is clamped
