@@ -37,8 +37,11 @@ RUN groupadd --gid 1000 worker \
     && useradd --uid 1000 --gid 1000 --home-dir /home/worker --create-home \
         --shell /usr/sbin/nologin worker
 COPY --from=wheel /wheels /tmp/wheels
-# uvloop: the uvloop extra, pinned (WORKER_EVENT_LOOP=auto takes it)
+# uvloop: the uvloop extra, pinned (WORKER_EVENT_LOOP=auto takes it); otel: the trace
+# exporter, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set
 RUN pip install --no-cache-dir /tmp/wheels/*.whl uvloop==0.23.0 dumb-init==1.2.5.post1 \
+        opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 \
+        opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
     && rm -rf /tmp/wheels
 USER 1000:1000
 WORKDIR /home/worker
@@ -72,7 +75,7 @@ COPY --from=wheel /wheels /tmp/wheels
 RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
     && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
     && python3 -m pip install --no-cache-dir --constraint /tmp/image-packages.txt \
-        "${wheel}[trtllm,uvloop]" dumb-init==1.2.5.post1 \
+        "${wheel}[trtllm,uvloop,otel]" dumb-init==1.2.5.post1 \
     && python3 -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
     && rm -rf /tmp/wheels /tmp/image-packages.txt \
     && test -x /opt/nvidia/nvidia_entrypoint.sh

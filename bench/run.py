@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -792,6 +793,13 @@ def run_sweep(name: str, ceiling: float) -> None:
         )
 
 
+TRACING_ROUNDS = int(os.environ.get("BENCH_TRACING_ROUNDS", "3"))
+
+
+def median_of(runs: list[Result], figures: tuple[str, ...]) -> dict[str, float]:
+    return {f: round(statistics.median(float(getattr(r, f)) for r in runs), 4) for f in figures}
+
+
 def mean_of(runs: list[Result], figures: tuple[str, ...]) -> dict[str, float]:
     return {f: round(sum(float(getattr(r, f)) for r in runs) / len(runs), 4) for f in figures}
 
@@ -903,14 +911,14 @@ def compare_tracing(scenario: Scenario, ceiling: float) -> None:
         for shape in (longer, SCENARIOS["short"]):
             runs: dict[str, list[Result]] = {"off": [], "on": [], "tenth": []}
             spans: dict[str, list[int]] = {"on": [], "tenth": []}
-            for which in ("off", "on", "tenth", "tenth", "on", "off"):
+            for which in ("off", "on", "tenth", "tenth", "on", "off") * TRACING_ROUNDS:
                 named = dataclasses.replace(
                     shape, name=f"{scenario.name}-{shape.name}-{which}", env=env[which]
                 )
                 runs[which].append(asyncio.run(run_scenario(named, ceiling)))
                 if which != "off":  # the worker has stopped: its last batch is exported
                     spans[which].append(sink_count(port)["spans"])
-            part: dict[str, Any] = {w: mean_of(results, figures) for w, results in runs.items()}
+            part: dict[str, Any] = {w: median_of(results, figures) for w, results in runs.items()}
             figure = "jobs_per_s" if shape.name == "short" else "tokens_per_s"
             part["figure"] = figure
             for which in ("on", "tenth"):

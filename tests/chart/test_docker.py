@@ -134,7 +134,7 @@ def test_runtime_image(target: str) -> None:
 def test_gpu_image_keeps_the_tensorrt_llm_of_its_base() -> None:
     stage = {s.name: s for s in parse()[1]}["gpu"]
     run = " ".join(stage.all("RUN"))
-    assert "[trtllm,uvloop]" in run  # the extras: TensorRT-LLM (the image's own) and uvloop
+    assert "[trtllm,uvloop,otel]" in run  # the extras: TensorRT-LLM (the image's own), uvloop, otel
     assert "--constraint /tmp/image-packages.txt" in run
     assert "pip list --format=freeze > /tmp/image-packages.txt" in run
     assert "m.version('tensorrt_llm')" in run

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -272,3 +273,28 @@ def test_without_the_variables_opentelemetry_is_never_imported() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[] False"
+
+
+async def test_jobs_go_on_when_the_exporter_process_dies(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, otlp_http: str
+) -> None:
+    """Tracing never fails a job: with its exporter process killed, the worker runs
+    jobs on and logs the traces it drops."""
+    worker = await spawn(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_http, **FAST_EXPORT)
+    match = re.search(r"exporter pid (\d+)", worker.log())
+    assert match, worker.log()
+    exporter = int(match.group(1))
+    os.kill(exporter, signal.SIGKILL)
+    jobs = 0
+    while "trace exporter is gone" not in worker.log():  # jobs until a gathering meets it
+        jobs += 1
+        assert jobs <= 500, worker.log()
+        request_id = rid()
+        await producer.publish(
+            {"request_id": request_id, "inputs": "on", "parameters": {"max_new_tokens": 3}}
+        )
+        done = terminal(await subscriber.read_until_terminal(request_id))
+        assert done["generated_tokens"] == "3"
+    assert "traces dropped so far" in worker.log()
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait() == 0

@@ -60,8 +60,8 @@ def resource_for(instance_id: str) -> Resource:
     defaults: dict[str, str] = {}
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         defaults[SERVICE_NAME] = "trtllm-worker"
-    if SERVICE_INSTANCE_ID not in resource.attributes:
-        defaults[SERVICE_INSTANCE_ID] = instance_id
+    if SERVICE_INSTANCE_ID not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        defaults[SERVICE_INSTANCE_ID] = instance_id  # the SDK's own is a random UUID
     return resource.merge(Resource(defaults)) if defaults else resource
 
 
