@@ -23,6 +23,7 @@ from worker.contract.errors import ConfigError
 from worker.engine import engine_factory, start_engine
 from worker.engine.looper import Looper
 from worker.ops.engine_stats import EngineStatsCollector
+from worker.ops.grants import redis_refusal
 from worker.ops.http import ProbeServer
 from worker.ops.metrics import Metrics
 from worker.ops.supervise import Supervisor
@@ -160,10 +161,13 @@ class Service:
         self.supervisor.start("leases", runner.keep_leases())
         try:
             await store.ping()
+            refused = await store.refused_commands(settings.stream_prefix)
         except REDIS_FAILURES as exc:
             raise ConnectionError(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
+        if refused:
+            raise ConnectionError(redis_refusal(settings, refused))
         self.redis_up = True
         self.supervisor.start("redis-watch", self._watch_redis())
         cancels = CancelListener(settings, store, runner.cancel)

@@ -47,6 +47,15 @@ def reason(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def amqp_reply(exc: BaseException) -> str:
+    """The broker's reply text of an AMQP error (`ACCESS_REFUSED - access to queue …`),
+    else the exception as one line."""
+    args: tuple[object, ...] = exc.args
+    if len(args) >= 2 and isinstance(args[1], str):
+        return args[1]
+    return reason(exc)
+
+
 class ClusterConnection(RobustConnection):
     """aio-pika's robust connection (it reconnects by itself and restores channels,
     queues and consumers) over the nodes of one RabbitMQ cluster: it starts on the first

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 import aio_pika
@@ -18,13 +19,14 @@ from aio_pika.abc import (
 )
 
 from worker.broker.cancel import CancelListener
-from worker.broker.connect import connect_robust
+from worker.broker.connect import amqp_reply, connect_robust
 from worker.broker.messages import published_ns
 from worker.broker.settle import ACKNOWLEDGE, HAND_BACK, Outcome, Settler, outcome_of
 from worker.config import Settings, redact_url
 from worker.contract.errors import Action, ConfigError, DeliveryLimitExceeded, WorkerError
 from worker.contract.job import Job
 from worker.contract.stream import stream_key
+from worker.ops.grants import rabbitmq_refusal
 from worker.ops.log import request_id_var
 from worker.ops.metrics import Metrics
 from worker.ops.tracing import (
@@ -104,7 +106,14 @@ class Consumer:
         return len(self._tasks)
 
     async def start(self) -> None:
-        """Connect, declare the topology, start consuming."""
+        """Connect, declare the topology, start consuming. A permission the broker
+        refuses is `ConnectionError` with one line naming it."""
+        try:
+            await self._start()
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            raise ConnectionError(rabbitmq_refusal(amqp_reply(exc))) from None
+
+    async def _start(self) -> None:
         settings = self._settings
         self._connection = await connect_robust(settings, self._name)
         self._connection.close_callbacks.add(self._connection_lost)
@@ -126,7 +135,11 @@ class Consumer:
         exchange = await channel.declare_exchange(
             settings.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
-        cancel_queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        # named after the exchange, so that one permission pattern covers it (an
+        # unnamed queue gets a random `amq_…` name from aio-pika)
+        cancel_queue = await channel.declare_queue(
+            cancel_queue_name(settings.cancel_exchange), exclusive=True, auto_delete=True
+        )
         await cancel_queue.bind(exchange)
         await cancel_queue.consume(self._cancels.on_message, no_ack=True)
         self._consumer_tag = await self._queue.consume(self._on_message)
@@ -314,3 +327,8 @@ def trace_result(trace: JobTrace, result: JobResult) -> None:
         attributes["gen_ai.response.finish_reasons"] = (str(finish),)
     if result.first_token_s is not None:
         attributes["trtllm_worker.time_to_first_token_s"] = result.first_token_s
+
+
+def cancel_queue_name(exchange: str) -> str:
+    """This worker's exclusive queue on the cancel fanout: `<queue>.cancel.<12 hex>`."""
+    return f"{exchange}.{uuid.uuid4().hex[:12]}"

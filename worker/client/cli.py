@@ -138,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the broker, Redis, the queues, the tokenizer and the engine settings; "
         "one line each, non-zero exit on a problem",
     )
+    acl = commands.add_parser(
+        "acl",
+        help="print the Redis ACL rules and RabbitMQ permissions each role needs for these "
+        "settings (PASSWORD: each user's password)",
+    )
+    acl.add_argument("--json", action="store_true", help="as JSON, for provisioning tools")
     return parser
 
 
@@ -159,7 +165,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     if args.command in (None, "serve"):
         return _serve(settings)
+    if args.command == "acl":
+        return _acl(settings, as_json=args.json)
     return run_client_command(args, settings)
+
+
+def _acl(settings: Settings, *, as_json: bool) -> int:
+    from worker.ops import grants
+
+    try:
+        text = grants.as_json(settings) + "\n" if as_json else grants.as_text(settings)
+    except ConfigError as exc:
+        _error(str(exc))
+        return EXIT_CONFIG
+    sys.stdout.write(text)
+    return EXIT_OK
 
 
 def _serve(settings: Settings) -> int:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.broker.connect import connect
+from worker.broker.connect import amqp_reply, connect
 from worker.config import Settings, redact_url
 from worker.contract.errors import ConfigError
+from worker.ops.grants import redis_refusal
 from worker.streams.connect import connect_redis, redis_version
 from worker.streams.store import StreamStore
 
@@ -90,10 +91,10 @@ async def _check_queue(
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
         report.problem(
             f"{what} exists with other arguments than the worker declares (durable, "
-            f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {_amqp_reason(exc)}"
+            f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {amqp_reply(exc)}"
         )
     except (aiormq.exceptions.AMQPError, OSError) as exc:
-        report.problem(f"{what}: {_amqp_reason(exc)}")
+        report.problem(f"{what}: {amqp_reply(exc)}")
 
 
 async def _check_cancel_exchange(
@@ -116,16 +117,9 @@ async def _check_cancel_exchange(
             )
         report.ok(f"{what}: fanout")
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        report.problem(f"{what} is not a durable fanout exchange: {_amqp_reason(exc)}")
+        report.problem(f"{what} is not a durable fanout exchange: {amqp_reply(exc)}")
     except (aiormq.exceptions.AMQPError, OSError) as exc:
-        report.problem(f"{what}: {_amqp_reason(exc)}")
-
-
-def _amqp_reason(exc: BaseException) -> str:
-    args: tuple[object, ...] = exc.args
-    if len(args) >= 2 and isinstance(args[1], str):
-        return args[1]
-    return " ".join(str(exc).split()) or type(exc).__name__
+        report.problem(f"{what}: {amqp_reply(exc)}")
 
 
 async def _check_redis(settings: Settings, report: Report) -> None:
@@ -152,11 +146,14 @@ async def _check_redis(settings: Settings, report: Report) -> None:
     try:
         await store.ping()
         version = await redis_version(store.client)
+        refused = await store.refused_commands(settings.stream_prefix)
     except (RedisError, OSError) as exc:
         report.problem(f"Redis: cannot connect to Redis at {where}: {' '.join(str(exc).split())}")
         return
     finally:
         await store.close()
+    if refused:
+        report.problem(f"Redis: {redis_refusal(settings, refused)}")
     if store.cluster:
         where += " (Redis Cluster)"
     major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0

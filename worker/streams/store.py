@@ -240,6 +240,30 @@ Entry = tuple[str, str, Fields]
 
 REPLICA_WAIT_MS = 2000
 
+# KEYS: a probe stream under the prefix, a side key of it. Every command the worker's
+# scripts call, each as `pcall` (ACL refuses a script's calls one by one, without naming
+# the command): the names of those refused. The probe keys are removed at the end.
+_PROBE = """
+local refused = {}
+local function try(name, ...)
+  local reply = redis.pcall(name, ...)
+  if type(reply) == 'table' and reply.err then refused[#refused + 1] = name end
+end
+try('XADD', KEYS[1], '*', 'probe', '1')
+try('XLEN', KEYS[1])
+try('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+try('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+try('XTRIM', KEYS[1], 'MAXLEN', 0)
+try('EXISTS', KEYS[1])
+try('EXPIRE', KEYS[1], 10)
+try('PEXPIRE', KEYS[1], 10000)
+try('SET', KEYS[2], 'probe', 'PX', 10000)
+try('GET', KEYS[2])
+try('DEL', KEYS[1], KEYS[2])
+return refused
+"""
+PROBE_ID = "trtllm-worker-acl-probe"
+
 
 class Ended(enum.Enum):
     """What `StreamStore.end` did."""
@@ -454,6 +478,37 @@ class StreamStore:
     async def ping(self) -> bool:
         """Whether Redis answers: the one health check of the worker and `check`."""
         return bool(await self.client.ping())
+
+    async def refused_commands(self, prefix: str) -> list[str]:
+        """The commands the worker needs that this Redis user may not run on keys under
+        `prefix` (ACL), found by running each once on a probe key: at start, so a missing
+        grant stops the worker with one line instead of failing every job."""
+        stream = prefix + PROBE_ID
+        keys = [stream, lease_key(stream)]
+        counter = deliveries_key(stream)
+        try:
+            sha = await self.client.script_load(_PROBE)
+        except ResponseError as exc:
+            return ["SCRIPT LOAD"] if _refused(exc) else []
+        try:
+            refused = [bytes(n).decode() if isinstance(n, bytes) else str(n)
+                       for n in await self.client.evalsha(sha, len(keys), *keys)]  # fmt: skip
+        except ResponseError as exc:
+            if not _refused(exc):
+                raise
+            return ["EVALSHA"]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(counter)
+        pipe.expire(counter, 10)
+        pipe.set(cancel_key(stream), b"probe", px=10_000)
+        pipe.delete(counter, cancel_key(stream))
+        if self.min_replicas and isinstance(self.client, aioredis.Redis):
+            pipe.execute_command("WAIT", 0, 1)
+        names = ["INCR", "EXPIRE", "SET", "DEL", "WAIT"]
+        for name, reply in zip(names, await pipe.execute(raise_on_error=False), strict=False):
+            if isinstance(reply, ResponseError) and _refused(reply) and name not in refused:
+                refused.append(name)
+        return refused
 
     async def close(self) -> None:
         for timer in self._compaction_timers:
@@ -833,6 +888,12 @@ class StreamStore:
         pipe.expire(counter, self._ttl_s)
         count, _ = await pipe.execute()
         return int(count)
+
+
+def _refused(exc: ResponseError) -> bool:
+    """An ACL refusal: NOPERM, or a script's call refused ("can't run this command")."""
+    text = str(exc)
+    return text.startswith("NOPERM") or "can't run this command" in text
 
 
 async def _node_call(node: ClusterNode, command: tuple[Any, ...]) -> Any:
