@@ -56,7 +56,7 @@ WORKER_COMMANDS = (
     "+pexpire",
     # outside scripts: reading a stream to resume it, counting deliveries (classic
     # queues), storing a cancel mark, waiting for replicas (WORKER_REDIS_MIN_REPLICAS)
-    "+incr",
+    "+incrby",  # redis-py's INCR
     "+wait",
 )
 

@@ -31,7 +31,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisClusterException, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+)
 
 from worker.contract.errors import ConfigError, StreamUnusable
 from worker.contract.stream import (
@@ -504,7 +509,7 @@ class StreamStore:
         pipe.delete(counter, cancel_key(stream))
         if self.min_replicas and isinstance(self.client, aioredis.Redis):
             pipe.execute_command("WAIT", 0, 1)
-        names = ["INCR", "EXPIRE", "SET", "DEL", "WAIT"]
+        names = ["INCRBY", "EXPIRE", "SET", "DEL", "WAIT"]  # redis-py's incr is INCRBY
         for name, reply in zip(names, await pipe.execute(raise_on_error=False), strict=False):
             if isinstance(reply, ResponseError) and _refused(reply) and name not in refused:
                 refused.append(name)
@@ -891,9 +896,9 @@ class StreamStore:
 
 
 def _refused(exc: ResponseError) -> bool:
-    """An ACL refusal: NOPERM, or a script's call refused ("can't run this command")."""
-    text = str(exc)
-    return text.startswith("NOPERM") or "can't run this command" in text
+    """An ACL refusal: NOPERM (redis-py strips the code into the type), or a script's
+    call refused ("can't run this command")."""
+    return isinstance(exc, NoPermissionError) or "can't run this command" in str(exc)
 
 
 async def _node_call(node: ClusterNode, command: tuple[Any, ...]) -> Any:
