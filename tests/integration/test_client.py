@@ -451,3 +451,26 @@ async def test_a_chat_job_through_the_sdk(
         await client.submit(messages=[{"role": "user", "content": 3}])
     with pytest.raises(InvalidJobError, match="tools: only with messages"):
         await client.submit("hi", tools=[{"type": "function"}])
+
+
+async def test_cancel_when_no_worker_ever_declared_the_cancel_exchange(
+    run_worker: WorkerFactory,
+    client: Client,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    names: dict[str, str],
+) -> None:
+    """The SDK does not declare the cancel fanout (a producer needs no configure
+    permission): with no worker ever started it is missing, the broker closes the
+    publishing channel, and the mark in Redis alone cancels the job."""
+    await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    request_id = await client.submit("abc", {"max_new_tokens": 50})
+    await client.cancel(request_id)
+    with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):  # never declared
+        await amqp_channel.get_exchange(f"{names['queue']}.cancel")
+    other = await client.submit("def", {"max_new_tokens": 3})  # on a channel opened anew
+    async with run_worker():
+        done = await asyncio.wait_for(client.result(request_id), 30)
+        assert (await asyncio.wait_for(client.result(other), 30)).generated_text == "def"
+    assert (done.finish_reason, done.generated_tokens) == ("cancelled", 0)

@@ -408,3 +408,51 @@ def test_resource_names_with_regex_characters_are_escaped(names: dict[str, str])
     assert not re.fullmatch(worker["configure"], "jobsXv1.dead")
     assert not re.fullmatch(worker["configure"], "jobs.v1Xdead")
     assert "~llm\\[a\\]\\*:*" in grants["redis"]["trtllm-worker"]
+
+
+async def cli(granted: Granted, names: dict[str, str], role: str, *args: str) -> tuple[int, str]:
+    """`trtllm-worker ARGS` as `role` (its AMQP and Redis users); exit code, output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env.update(
+        WORKER_QUEUE=names["queue"], WORKER_STREAM_PREFIX=names["stream_prefix"],
+        WORKER_AMQP_URL=granted.amqp_url(role), WORKER_REDIS_URL=granted.redis_url(role),
+    )  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_the_admin_commands_run_under_the_admin_grants(
+    granted: Granted,
+    as_roles: tuple[Producer, Subscriber, Producer],
+    names: dict[str, str],
+    spawn: Spawn,
+) -> None:
+    """cancel, dead-letters and --requeue as trtllm-admin; a producer's CLI submit as
+    trtllm-producer (its Redis user: the subscriber's, for --follow)."""
+    producer, subscriber, _ = as_roles
+    await spawn(WORKER_ECHO_STEP_MS="10", **worker_urls(granted))
+    dead_id = rid()
+    await producer.publish({"request_id": dead_id, "inputs": "x", "parameters": {
+        "max_new_tokens": 10**6}})  # fmt: skip
+    assert terminal(await subscriber.read_until_terminal(dead_id))["event"] == "error"
+    code, out = await cli(granted, names, "trtllm-admin", "dead-letters")
+    assert code == 0, out
+    assert dead_id in out
+    code, out = await cli(granted, names, "trtllm-admin", "dead-letters", "--requeue")
+    assert code == 0, out
+    # the requeued job ran again (and, still invalid, ended the same way)
+    assert terminal(await subscriber.read_until_terminal(dead_id))["event"] == "error"
+
+    long_id = rid()
+    await producer.publish({"request_id": long_id, "inputs": "x", "parameters": {
+        "max_new_tokens": 2000}})  # fmt: skip
+    await wait_for_entries(subscriber, long_id, 3)
+    code, out = await cli(granted, names, "trtllm-admin", "cancel", long_id)
+    assert code == 0, out
+    done = terminal(await subscriber.read_until_terminal(long_id))
+    assert done["finish_reason"] == "cancelled"

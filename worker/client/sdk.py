@@ -105,6 +105,18 @@ def trace_headers(given: Mapping[str, str] | None = None) -> dict[str, Any]:
     return carrier
 
 
+async def _broadcast_cancel(exchange: aio_pika.abc.AbstractExchange, body: bytes) -> None:
+    """Publish a cancel on the fanout. No worker running: nobody is bound and the mark
+    in Redis remains; no worker ever started: the exchange is missing, the broker closes
+    the channel (opened anew on the next publish) and the mark alone is the cancel."""
+    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+        await exchange.publish(
+            aio_pika.Message(body, content_type="application/json"),
+            routing_key="",
+            mandatory=False,
+        )
+
+
 class ClientError(Exception):
     """Base of the client's errors; the message is one line a user can act on."""
 
@@ -477,19 +489,14 @@ class Client:
         channel = await self._publisher()
         async with self._lock:
             if self._cancel_exchange is None:
-                self._cancel_exchange = await channel.declare_exchange(
-                    self.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+                # not declared here: a producer needs no configure permission (the
+                # workers declare it; `trtllm-worker acl`)
+                self._cancel_exchange = await channel.get_exchange(
+                    self.cancel_exchange, ensure=False
                 )
             exchange = self._cancel_exchange
         body = json.dumps({"request_id": request_id}).encode()
-        await self._confirmed(
-            exchange.publish(
-                aio_pika.Message(body, content_type="application/json"),
-                routing_key="",
-                mandatory=False,  # no worker running: nobody is bound, the mark remains
-            ),
-            f"cancelling {request_id}",
-        )
+        await self._confirmed(_broadcast_cancel(exchange, body), f"cancelling {request_id}")
 
     # -- subscribing --------------------------------------------------------------------
 
