@@ -117,6 +117,7 @@ ALL_ON: dict[str, Any] = merge(
         "tmp": {"sizeLimit": "2Gi"},
         "cache": {"sizeLimit": "20Gi"},
         "extraEnv": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+        "networkPolicy": {"enabled": True},
         "tracing": {
             "endpoint": "http://otel-collector.observability:4318",
             "headersSecret": {"name": "otlp-auth"},

@@ -56,6 +56,7 @@ def test_every_optional_object(all_on: Rendered) -> None:
         "ConfigMap",
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "ScaledObject",
         "Secret",
@@ -597,3 +598,56 @@ def test_tracing_passes_the_otel_variables() -> None:
     # Kubernetes expands $(VAR) only from variables defined before it
     names = list(env)
     assert names.index("OTEL_K8S_NODE_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+
+
+def test_no_network_policy_by_default(default: Rendered) -> None:
+    assert "NetworkPolicy" not in default.kinds()
+
+
+def test_network_policy_allows_only_dns_broker_redis_and_monitoring() -> None:
+    rendered = render(merge(CHART_SECRET, {"networkPolicy": {"enabled": True}}))
+    policy = rendered.one("NetworkPolicy")["spec"]
+    assert (
+        policy["podSelector"]["matchLabels"]
+        == rendered.deployment["spec"]["selector"]["matchLabels"]
+    )
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = policy["ingress"]
+    assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert ingress["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {},
+        }
+    ]
+    dns, broker, redis = policy["egress"]  # no OTLP rule without tracing.endpoint
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    assert dns["to"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+    ]
+    assert broker == {
+        "ports": [{"port": 5672, "protocol": "TCP"}, {"port": 5671, "protocol": "TCP"}]
+    }
+    assert [p["port"] for p in redis["ports"]] == [6379, 26379]
+
+
+def test_network_policy_adds_the_otlp_collector_and_given_peers() -> None:
+    broker_peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mq"}}}
+    rendered = render(
+        merge(
+            CHART_SECRET,
+            {
+                "tracing": {"endpoint": "http://otel-collector.observability:4318"},
+                "networkPolicy": {
+                    "enabled": True,
+                    "broker": {"ports": [5671], "to": [broker_peer]},
+                    "otlp": {"ports": [4318], "to": []},
+                    "extraEgress": [{"ports": [{"port": 443, "protocol": "TCP"}]}],
+                },
+            },
+        )
+    )
+    egress = rendered.one("NetworkPolicy")["spec"]["egress"]
+    assert egress[1] == {"ports": [{"port": 5671, "protocol": "TCP"}], "to": [broker_peer]}
+    assert egress[3] == {"ports": [{"port": 4318, "protocol": "TCP"}]}
+    assert egress[4] == {"ports": [{"port": 443, "protocol": "TCP"}]}

@@ -70,6 +70,8 @@ def test_schema_accepts(values: dict[str, Any]) -> None:
         ({"model": {"mountPath": "models"}}, "/model/mountPath"),
         ({"keda": {"queueLength": "many"}}, "/keda/queueLength"),
         ({"tracing": {"protocol": "http/json"}}, "/tracing/protocol"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"redis": {"ports": [70000]}}}, "/networkPolicy/redis/ports"),
         ({"tracing": {"endpoint": "otel:4317"}}, "/tracing/endpoint"),
         ({"tracing": {"samplerArg": "10%"}}, "/tracing/samplerArg"),
         ({"tracing": {"env": {"WORKER_QUEUE": "x"}}}, "does not match pattern '^OTEL_"),
