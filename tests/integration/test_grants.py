@@ -400,6 +400,27 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
     ) in worker.log()
     assert "Traceback" not in worker.log()
 
+    # its own cancel queue refused: the worker exits 69, and check names it too
+    own = re.escape(names["queue"] + ".cancel") + r"\.[0-9a-f]{12}"
+    granted.set_permissions(
+        "trtllm-worker",
+        permissions["configure"].replace("|" + own, ""),
+        permissions["write"],
+        permissions["read"],
+    )
+    worker = await spawn(ready=False, **worker_urls(granted))
+    assert await worker.wait() == 69
+    refusal = f"access to queue '{names['queue']}.cancel."
+    assert f"RabbitMQ refused: ACCESS_REFUSED - {refusal}" in worker.log()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "check", env=env, cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    problems = [line for line in out.decode().splitlines() if line.startswith("problem")]
+    assert len(problems) == 1, out.decode()
+    assert problems[0].startswith(f"problem cancel queue: ACCESS_REFUSED - {refusal}")
+
 
 def test_resource_names_with_regex_characters_are_escaped(names: dict[str, str]) -> None:
     grants = acl_json(names, WORKER_QUEUE="jobs.v1", WORKER_STREAM_PREFIX="llm[a]*:")

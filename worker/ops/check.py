@@ -62,6 +62,7 @@ async def _check_broker(settings: Settings, report: Report) -> None:
         await _check_queue(connection, settings, settings.queue, "queue", report)
         await _check_queue(connection, settings, settings.dead_queue, "dead-letter queue", report)
         await _check_cancel_exchange(connection, settings, report)
+        await _check_cancel_queue(connection, settings, report)
 
 
 async def _check_queue(
@@ -161,6 +162,33 @@ async def _check_redis(settings: Settings, report: Report) -> None:
         report.problem(f"Redis {version} at {where}: streams need Redis 5 or later")
     else:
         report.ok(f"Redis {version} at {where}")
+
+
+async def _check_cancel_queue(
+    connection: AbstractConnection, settings: Settings, report: Report
+) -> None:
+    """The worker's own cancel queue, as it declares and binds it: exclusive, so it is
+    gone with this check's connection (and deleted at once)."""
+    import aio_pika
+    import aiormq
+
+    from worker.broker.consumer import cancel_queue_name
+
+    what = "cancel queue"
+    try:
+        async with connection.channel() as channel:
+            queue = await channel.declare_queue(
+                cancel_queue_name(settings.cancel_exchange), exclusive=True, auto_delete=True
+            )
+            try:
+                await queue.bind(settings.cancel_exchange)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                report.ok(f"{what}: may be declared (the cancel exchange is not declared yet)")
+                return
+            await queue.delete(if_unused=False, if_empty=False)
+        report.ok(f"{what} {settings.cancel_exchange}.<id>: may be declared and bound")
+    except (aiormq.exceptions.AMQPError, OSError) as exc:
+        report.problem(f"{what}: {amqp_reply(exc)}")
 
 
 def _check_tokenizer(settings: Settings, report: Report) -> TokenizerInfo | None:
