@@ -477,3 +477,37 @@ async def test_the_admin_commands_run_under_the_admin_grants(
     assert code == 0, out
     done = terminal(await subscriber.read_until_terminal(long_id))
     assert done["finish_reason"] == "cancelled"
+
+
+async def test_a_classic_queue_under_the_grants(
+    granted: Granted, as_roles: tuple[Producer, Subscriber, Producer], spawn: Spawn
+) -> None:
+    """Classic queues count deliveries in Redis (INCRBY on the side key): granted too."""
+    producer, subscriber, _ = as_roles
+    await spawn(WORKER_QUEUE_TYPE="classic", **worker_urls(granted))
+    request_id = rid()
+    await producer.publish(
+        {"request_id": request_id, "inputs": "classic ", "parameters": {"max_new_tokens": 9}}
+    )
+    assert_exact(await subscriber.read_until_terminal(request_id), "classic ", 9)
+    root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
+    try:
+        key = "{" + subscriber.key(request_id) + "}:deliveries"
+        assert await root.get(key) == "1"  # counted, as its own user
+        assert "errorstat_NOPERM" not in await root.info("errorstats")
+    finally:
+        await root.aclose()
+
+
+def test_acl_refuses_a_prefix_an_acl_pattern_cannot_hold(names: dict[str, str]) -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "worker", "acl"],
+        env={**environment, "WORKER_STREAM_PREFIX": "my app:"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "WORKER_STREAM_PREFIX holds a space" in result.stderr
+    assert result.stdout == ""
