@@ -28,7 +28,14 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from tests.integration.conftest import Producer, Spawn, Subscriber, terminal, tokens
+from tests.integration.conftest import (
+    Producer,
+    Spawn,
+    Subscriber,
+    WorkerProcess,
+    terminal,
+    tokens,
+)
 from tests.integration.test_faults import assert_exact, wait_for_entries
 from tests.services import ServiceUrls
 
@@ -380,19 +387,8 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
     assert line.removeprefix("problem Redis: ") in worker.log()
 
     granted.set_redis_user("trtllm-worker", rules)  # Redis is fine again; now the broker
-    permissions = granted.grants["rabbitmq"]["trtllm-worker"]
     dead = re.escape(names["queue"] + ".dead")
-    granted.set_permissions(
-        "trtllm-worker",
-        permissions["configure"].replace("|" + dead, ""),
-        permissions["write"],
-        permissions["read"],
-    )
-    worker = await spawn(ready=False, **worker_urls(granted))
-    try:
-        assert await worker.wait() == 69
-    except TimeoutError:
-        raise AssertionError(worker.log()) from None
+    worker = await refused_configure(granted, spawn, dead)
     user = granted.rabbitmq_user("trtllm-worker")
     assert (
         f"RabbitMQ refused: ACCESS_REFUSED - access to queue '{names['queue']}.dead'"
@@ -402,14 +398,7 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
 
     # its own cancel queue refused: the worker exits 69, and check names it too
     own = re.escape(names["queue"] + ".cancel") + r"\.[0-9a-f]{12}"
-    granted.set_permissions(
-        "trtllm-worker",
-        permissions["configure"].replace("|" + own, ""),
-        permissions["write"],
-        permissions["read"],
-    )
-    worker = await spawn(ready=False, **worker_urls(granted))
-    assert await worker.wait() == 69
+    worker = await refused_configure(granted, spawn, own)
     refusal = f"access to queue '{names['queue']}.cancel."
     assert f"RabbitMQ refused: ACCESS_REFUSED - {refusal}" in worker.log()
     process = await asyncio.create_subprocess_exec(
@@ -420,6 +409,21 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
     problems = [line for line in out.decode().splitlines() if line.startswith("problem")]
     assert len(problems) == 1, out.decode()
     assert problems[0].startswith(f"problem cancel queue: ACCESS_REFUSED - {refusal}")
+
+
+async def refused_configure(granted: Granted, spawn: Spawn, name: str) -> WorkerProcess:
+    """The worker's grants less configure on `name` (a pattern part); a worker started
+    under them, which must exit 69."""
+    permissions = granted.grants["rabbitmq"]["trtllm-worker"]
+    configure = permissions["configure"].replace("|" + name, "")
+    assert configure != permissions["configure"]
+    granted.set_permissions("trtllm-worker", configure, permissions["write"], permissions["read"])
+    worker = await spawn(ready=False, **worker_urls(granted))
+    try:
+        assert await worker.wait() == 69
+    except TimeoutError:
+        raise AssertionError(worker.log()) from None
+    return worker
 
 
 def test_resource_names_with_regex_characters_are_escaped(names: dict[str, str]) -> None:
