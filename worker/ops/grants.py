@@ -31,8 +31,6 @@ CONNECTION_COMMANDS = (
     # (not CLIENT SETINFO, unknown before Redis 7.2: redis-py ignores its refusal)
     "+info",  # which Redis it is: one node or a cluster
     "+cluster|slots",  # Redis Cluster: the slot map (redis-py's cluster client)
-    "+cluster|shards",
-    "+cluster|nodes",
     "+command",  # redis-py's cluster client learns where each command keeps its keys
 )
 """Every role's client: connecting, naming the connection, finding the topology."""
