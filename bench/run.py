@@ -1046,6 +1046,13 @@ def _summary_rows(ceiling: float) -> Iterator[str]:  # noqa: C901 (one row per s
                 f"| sweep {name} | {r['description']} | tokens/s at {points};"
                 f" `bench/results/sweep-{name}.png` | the curves |"
             )
+    if r := _load("tracing"):
+        long, short = r["throughput"], r["short"]
+        yield (
+            f"| tracing | {r['description']}, medians | long jobs traced"
+            f" **{long['on_vs_off']:.2f} x**; short jobs traced **{short['on_vs_off']:.2f} x**,"
+            f" one in ten traced {short['tenth_vs_off']:.2f} x | >= 0.95 x |"
+        )
     if r := _load("idle"):
         yield (
             f"| idle | no jobs for {r['seconds']:.0f} s | engine loop thread"
