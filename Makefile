@@ -1,30 +1,47 @@
 # trtllm-worker. Quick start: `make run` (a worker on the local RabbitMQ and Redis, echo
 # engine) and `make test` (lint, types, and the whole test suite against real services).
+#
+# Every install comes from uv.lock (all dependencies, direct and transitive, pinned with
+# hashes for Python 3.11 to 3.13), through uv, itself pinned with hashes in
+# tools/uv-requirements.txt: a fresh clone installs what passed CI. `make lock` refreshes
+# the lock; `make test-latest` runs the suite against the newest releases instead.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+TOOLS  := .tools
+UV     := $(TOOLS)/bin/uv
 STAMP  := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
+LATEST := .venv-latest
+# uv finds $(PYTHON) on the PATH and never downloads an interpreter of its own
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+SYNC := $(UV) sync --locked --python $(PYTHON)
 
-.PHONY: run test lint typecheck pytest fuzz bench clean cluster-up cluster-down
+.PHONY: run test lint typecheck pytest fuzz bench clean cluster-up cluster-down lock \
+	test-latest test-servers
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+$(UV): tools/uv-requirements.txt
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet --require-hashes -r tools/uv-requirements.txt
 	touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --quiet
+	touch $@
+
+$(DEV_STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --quiet --extra dev
 	touch $@ $(STAMP)
 
-$(BENCH_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+$(BENCH_STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --quiet --extra dev --extra bench
 	touch $@ $(DEV_STAMP) $(STAMP)
+
+lock: | $(UV)  ## re-resolve uv.lock to the newest releases pyproject.toml allows
+	$(UV) lock --upgrade --python $(PYTHON)
 
 run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine)
 	$(BIN)/trtllm-worker serve
@@ -42,6 +59,17 @@ pytest: $(DEV_STAMP)
 
 test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitMQ and Redis)
 
+test-latest: | $(UV)  ## the same checks against the newest releases, ignoring uv.lock (in .venv-latest)
+	rm -rf $(LATEST)
+	$(UV) venv --quiet --python $(PYTHON) $(LATEST)
+	VIRTUAL_ENV=$(LATEST) $(UV) pip install --quiet --upgrade -e '.[dev]'
+	VIRTUAL_ENV=$(LATEST) $(UV) pip list --outdated 2>/dev/null || true
+	touch $(LATEST)/.installed $(LATEST)/.installed-dev
+	$(MAKE) VENV=$(LATEST) test
+
+test-servers: | $(UV)  ## the integration suite on RabbitMQ 4.0, Redis 8.0, Valkey 8.1 and Python 3.13 (Debian 13 root)
+	bash tools/test-servers.sh
+
 fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
 
@@ -55,4 +83,4 @@ bench: $(BENCH_STAMP)  ## every scenario; results in bench/results/ (BENCH_PROFI
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py $(SCENARIOS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(LATEST) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

@@ -114,7 +114,7 @@ def sentinel_setup(tmp_path: Path) -> Iterator[SentinelSetup]:
 @contextlib.asynccontextmanager
 async def sentinel_client(setup: SentinelSetup) -> AsyncIterator[aioredis.Redis]:
     """A subscriber's client: asks the Sentinel for the master, as the worker does."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         [("127.0.0.1", setup.sentinel)], sentinel_kwargs={"password": SENTINEL_PASSWORD}
     )
     client: aioredis.Redis = sentinel.master_for(

@@ -224,7 +224,7 @@ def sentinel_master(
         "password": settings.redis_sentinel_password,
         **({"ssl": True, **tls_files} if tls else {}),
     }
-    sentinel = _Sentinels(  # type: ignore[no-untyped-call]
+    sentinel = _Sentinels(
         sentinel_addresses(settings.redis_sentinels), sentinel_kwargs=sentinel_options
     )
     master: aioredis.Redis = sentinel.master_for(
