@@ -19,12 +19,17 @@
 ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.0
 ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
 
-# --- the worker as a wheel (pure Python: both images install it) ---------------------
+# --- the worker as a wheel, and what it needs as hash-pinned requirements from uv.lock ---
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md uv.lock ./
+COPY tools/uv-requirements.txt tools/image_requirements.py ./tools/
 COPY worker ./worker
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN pip install --no-cache-dir --require-hashes -r tools/uv-requirements.txt \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && uv export --frozen --no-emit-project --extra uvloop --extra otel --extra image \
+        --output-file /wheels/requirements.txt \
+    && cp tools/image_requirements.py /wheels/
 
 # --- cpu: the echo engine, no GPU, no model ------------------------------------------
 FROM ${PYTHON_IMAGE} AS cpu
@@ -37,11 +42,11 @@ RUN groupadd --gid 1000 worker \
     && useradd --uid 1000 --gid 1000 --home-dir /home/worker --create-home \
         --shell /usr/sbin/nologin worker
 COPY --from=wheel /wheels /tmp/wheels
-# uvloop: the uvloop extra, pinned (WORKER_EVENT_LOOP=auto takes it); otel: the trace
-# exporter, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set
-RUN pip install --no-cache-dir /tmp/wheels/*.whl uvloop==0.23.0 dumb-init==1.2.5.post1 \
-        opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2 \
-        opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
+# everything from uv.lock, hash-checked: the worker's dependencies, uvloop (taken by
+# WORKER_EVENT_LOOP=auto), the trace exporter (used only when OTEL_EXPORTER_OTLP_ENDPOINT is
+# set) and dumb-init; then the worker itself, whose dependencies are all there by now
+RUN pip install --no-cache-dir --require-hashes -r /tmp/wheels/requirements.txt \
+    && pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels
 USER 1000:1000
 WORKDIR /home/worker
@@ -68,16 +73,22 @@ RUN if ! getent passwd 1000 > /dev/null; then \
     && mkdir -p /home/worker \
     && chown 1000:1000 /home/worker
 COPY --from=wheel /wheels /tmp/wheels
-# tensorrt_llm and its CUDA stack come with the image and must not change: every package
-# the image holds is pinned while the worker is installed, so pip may add packages but
-# never replace one (a conflict fails the build instead of breaking TensorRT-LLM). The
-# trtllm extra's tensorrt-llm is the image's own; PyPI holds only a stub of it.
+# tensorrt_llm and its CUDA stack come with the image and must not change. Of uv.lock's
+# requirements, those the image already holds are left out (image_requirements.py); the
+# rest are installed hash-checked with every package of the image pinned as a constraint,
+# so a lock pin that disagrees with the image fails the build instead of breaking
+# TensorRT-LLM. The worker goes in last with --no-index: its dependencies must all be
+# there, from the image or the lock.
 RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
+    && python3 /tmp/wheels/image_requirements.py /tmp/wheels/requirements.txt \
+        /tmp/image-packages.txt > /tmp/worker-requirements.txt \
+    && python3 -m pip install --no-cache-dir --require-hashes \
+        --constraint /tmp/image-packages.txt -r /tmp/worker-requirements.txt \
     && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
-    && python3 -m pip install --no-cache-dir --constraint /tmp/image-packages.txt \
-        "${wheel}[trtllm,uvloop,otel]" dumb-init==1.2.5.post1 \
+    && python3 -m pip install --no-cache-dir --no-index --constraint /tmp/image-packages.txt \
+        "${wheel}[uvloop,otel,image]" \
     && python3 -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
-    && rm -rf /tmp/wheels /tmp/image-packages.txt \
+    && rm -rf /tmp/wheels /tmp/image-packages.txt /tmp/worker-requirements.txt \
     && test -x /opt/nvidia/nvidia_entrypoint.sh
 USER 1000:1000
 WORKDIR /home/worker

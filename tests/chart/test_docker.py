@@ -128,14 +128,39 @@ def test_runtime_image(target: str) -> None:
     assert exec_form(stage.last("CMD")) == ["serve"]
     installs = " ".join(stage.all("RUN"))
     assert "--no-cache-dir" in installs
-    assert "dumb-init==" in installs
+    # every dependency from uv.lock, hash-checked (dumb-init is the lock's `image` extra)
+    assert re.search(
+        r"pip install [^&]*--require-hashes [^&]*-r /tmp/\S*requirements\.txt", installs
+    )
+
+
+def test_images_install_what_the_lock_pins() -> None:
+    stage = {s.name: s for s in parse()[1]}["wheel"]
+    run = " ".join(stage.all("RUN"))
+    # uv itself by hash, then the lock exported as it is (--frozen: never re-resolved)
+    assert "--require-hashes -r tools/uv-requirements.txt" in run
+    export = re.search(r"uv export ([^&]*)", run)
+    assert export, run
+    flags = export.group(1).split()
+    assert "--frozen" in flags
+    assert {"uvloop", "otel", "image"} <= {
+        flags[i + 1] for i, flag in enumerate(flags) if flag == "--extra"
+    }
+    lock = (ROOT / "uv.lock").read_text(encoding="utf-8")
+    assert 'name = "dumb-init"' in lock
 
 
 def test_gpu_image_keeps_the_tensorrt_llm_of_its_base() -> None:
     stage = {s.name: s for s in parse()[1]}["gpu"]
     run = " ".join(stage.all("RUN"))
-    assert "[trtllm,uvloop,otel]" in run  # the extras: TensorRT-LLM (the image's own), uvloop, otel
-    assert "--constraint /tmp/image-packages.txt" in run
+    # the lock's requirements the image lacks, with every package of the image as a
+    # constraint; then the worker, whose dependencies must all be there (--no-index)
+    assert "image_requirements.py /tmp/wheels/requirements.txt /tmp/image-packages.txt" in run
+    assert (
+        "--require-hashes --constraint /tmp/image-packages.txt -r /tmp/worker-requirements.txt"
+        in run
+    )
+    assert '--no-index --constraint /tmp/image-packages.txt "${wheel}[uvloop,otel,image]"' in run
     assert "pip list --format=freeze > /tmp/image-packages.txt" in run
     assert "m.version('tensorrt_llm')" in run
     assert not re.search(r"pip install[^&]*\btensorrt[-_]llm\b", run)
@@ -156,7 +181,14 @@ def test_dockerignore_lets_in_only_the_package() -> None:
     # everything out (.git, .venv, tests, caches, .env), then the package back in
     assert patterns[0] == "*"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "worker"}
+    assert allowed == {
+        "pyproject.toml",
+        "README.md",
+        "worker",
+        "uv.lock",
+        "tools/uv-requirements.txt",
+        "tools/image_requirements.py",
+    }
     # what the Dockerfile copies from the context is let in
     for stage in parse()[1]:
         for args in stage.all("COPY"):

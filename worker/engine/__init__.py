@@ -14,7 +14,7 @@ from worker.engine.echo import EchoEngine
 from worker.tokenizer import TokenizerInfo
 
 INSTALL_HINT = (
-    "install TensorRT-LLM (the 'trtllm' extra: pip install 'trtllm-worker[trtllm]' "
+    "install TensorRT-LLM 1.2 from NVIDIA's index (pip install 'tensorrt-llm>=1.2,<1.3' "
     "--extra-index-url https://pypi.nvidia.com, on Python 3.10/3.12 with an NVIDIA driver), "
     "or run the worker's GPU image built on NVIDIA's TensorRT-LLM release container"
 )
