@@ -28,7 +28,7 @@ WORKER, SUBSCRIBER, ADMIN, PRODUCER = (
 CONNECTION_COMMANDS = (
     "+ping",
     "+client|setname",  # the connection's name, as operators see it in CLIENT LIST
-    # (not CLIENT SETINFO, unknown before Redis 7.2: redis-py ignores its refusal)
+    # (not CLIENT SETINFO, unknown before Redis 7.2: the worker's clients never send it)
     "+info",  # which Redis it is: one node or a cluster
     "+cluster|slots",  # Redis Cluster: the slot map (redis-py's cluster client)
     "+command",  # redis-py's cluster client learns where each command keeps its keys

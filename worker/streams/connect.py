@@ -27,6 +27,7 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from worker.config import Settings, sentinel_addresses
 
@@ -55,6 +56,16 @@ cluster errors are not all `RedisError`s)."""
 
 CONNECT_TIMEOUT_S = 5.0
 HEALTH_CHECK_S = 10
+QUIET_HANDSHAKE: dict[str, Any] = {
+    "driver_info": None,
+    "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+}
+"""redis-py 8.2 sends CLIENT SETINFO (its name and version) and CLIENT MAINT_NOTIFICATIONS
+on every connect unless told not to. Redis 7.2 and later check them against the user's
+ACL, and the least-privilege users of `trtllm-worker acl` are not granted them (Redis 7.0
+knows neither, so no one rule fits 7.0 and 8.x): every connection would log a refusal in
+ACL LOG. The worker's and the SDK's clients send neither; HELLO, which every user may
+run, still chooses the protocol."""
 
 
 class _WorkerConnection:
@@ -127,6 +138,7 @@ def _options(
     options: dict[str, Any] = {
         "decode_responses": decode_responses,
         "client_name": client_name,
+        **QUIET_HANDSHAKE,
         "health_check_interval": HEALTH_CHECK_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": socket_timeout_s,
@@ -221,6 +233,7 @@ def sentinel_master(
     sentinel_options: dict[str, Any] = {
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": CONNECT_TIMEOUT_S,
+        **QUIET_HANDSHAKE,
         "password": settings.redis_sentinel_password,
         **({"ssl": True, **tls_files} if tls else {}),
     }
@@ -285,6 +298,7 @@ async def connect_redis(
     options: dict[str, Any] = {
         "decode_responses": decode_responses,
         "client_name": client_name,
+        **QUIET_HANDSHAKE,
         "health_check_interval": HEALTH_CHECK_S,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": socket_timeout_s,
