@@ -21,7 +21,7 @@ from redis.asyncio.sentinel import Sentinel
 
 from tests.cluster.conftest import assert_complete, free_ports
 from tests.integration.conftest import Producer, WorkerFactory
-from tests.integration.test_tls import certificates
+from tests.integration.test_tls import certificates, stop_pid
 from worker.config import Settings
 
 pytestmark = pytest.mark.cluster
@@ -220,6 +220,7 @@ def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int
             ["redis-server", "--port", "0", "--tls-port", str(master), "--bind", "127.0.0.1",
              "--requirepass", PASSWORD, "--save", "", "--appendonly", "no",
              "--dir", str(tmp_path), "--daemonize", "yes",
+             "--pidfile", str(tmp_path / "master.pid"),
              "--logfile", str(tmp_path / "master.log"), *options],
             check=True,
         )  # fmt: skip
@@ -227,7 +228,7 @@ def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int
         config = tmp_path / "sentinel.conf"
         config.write_text(
             f"port 0\ntls-port {sentinel}\nbind 127.0.0.1\ndaemonize yes\ndir {tmp_path}\n"
-            f"logfile {tmp_path / 'sentinel.log'}\n"
+            f"logfile {tmp_path / 'sentinel.log'}\npidfile {tmp_path / 'sentinel.pid'}\n"
             + "".join(f"{option}\n" for option in (o.lstrip("-") for o in tls))
             + f"requirepass {SENTINEL_PASSWORD}\n"
             f"sentinel monitor {MASTER} 127.0.0.1 {master} 1\n"
@@ -246,6 +247,9 @@ def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int
                  "-a", password, "-p", str(port), "shutdown", "nosave"],
                 capture_output=True,
             )  # fmt: skip
+        # and by pid, in case the shutdown could not be sent (a TLS client refused)
+        stop_pid(tmp_path / "master.pid")
+        stop_pid(tmp_path / "sentinel.pid")
 
 
 async def test_sentinel_and_master_over_tls(

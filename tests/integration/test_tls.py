@@ -3,10 +3,12 @@ that requires client certificates; the `amqps://` TLS context from the settings.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -25,119 +27,176 @@ from tests.integration.test_faults import free_port, run, wait_until
 from worker.broker.connect import amqp_ssl_context
 from worker.config import Settings
 
+CA_CONFIG = """\
+[req]
+prompt = no
+distinguished_name = dn
+x509_extensions = ca
+[dn]
+CN = trtllm-worker test CA
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+"""
+"""What a real CA's certificate carries. Python 3.13 verifies strictly
+(VERIFY_X509_STRICT): a CA without the key-usage extension is refused."""
 
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate."""
-    if shutil.which("openssl") is None:
-        pytest.fail("openssl is needed to make test certificates")
-    folder = tmp_path_factory.mktemp("tls")
+LEAF_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = {usage}
+subjectAltName = DNS:localhost, IP:127.0.0.1
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+"""
+"""A server's or client's certificate; strict verification wants its issuer's key id."""
+
+
+def make_pki(folder: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate,
+    with the extensions a real CA issues."""
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
 
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=trtllm-worker test CA",
-    )
-    (folder / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-        )
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        )
+    (folder / "ca.cnf").write_text(CA_CONFIG)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+            "-out", "ca.crt", "-days", "2", "-config", "ca.cnf")  # fmt: skip
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (folder / f"{name}.ext").write_text(LEAF_EXTENSIONS.format(usage=usage))
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", "2",
+                "-extfile", f"{name}.ext")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test PKI (`make_pki`), made once per module."""
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make test certificates")
+    folder = tmp_path_factory.mktemp("tls")
+    make_pki(folder)
     return folder
+
+
+def strict_context(certificates: Path) -> ssl.SSLContext:
+    """A client context that verifies as Python 3.13 does by default, on any Python."""
+    context = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    context.load_cert_chain(certificates / "client.crt", certificates / "client.key")
+    return context
+
+
+def running(pid: int) -> bool:
+    """Whether the process is there and not a zombie (a daemon's parent may never reap
+    it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_pid(pidfile: Path) -> None:
+    """End the process whose pid a server wrote, and wait for it: a test stops what it
+    started, whether or not it got as far as using it."""
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def private_tls_redis(
+    certificates: Path, folder: Path, *, client_ca: Path | None = None, within_s: float = 30
+) -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """A private redis-server that speaks only TLS and requires client certificates,
+    stopped by its pid on every path (a server that never answered too)."""
+    port = free_port()
+    pidfile = folder / "redis.pid"
+    try:
+        assert (
+            await run("redis-server", "--port", "0", "--tls-port", str(port),
+                      "--bind", "127.0.0.1",
+                      "--tls-cert-file", str(certificates / "server.crt"),
+                      "--tls-key-file", str(certificates / "server.key"),
+                      "--tls-ca-cert-file", str(certificates / "ca.crt"),
+                      "--tls-auth-clients", "yes", "--daemonize", "yes", "--save", "",
+                      "--dir", str(folder), "--pidfile", str(pidfile),
+                      "--logfile", str(folder / "redis.log"))
+            == 0
+        )  # fmt: skip
+        client = aioredis.Redis(
+            host="127.0.0.1",
+            port=port,
+            ssl=True,
+            ssl_ca_certs=str(client_ca or certificates / "ca.crt"),
+            ssl_certfile=str(certificates / "client.crt"),
+            ssl_keyfile=str(certificates / "client.key"),
+            decode_responses=True,
+        )
+        try:
+
+            async def answers() -> bool:
+                try:
+                    return bool(await client.ping())
+                except (OSError, aioredis.ConnectionError):
+                    return False
+
+            await wait_until(answers, within_s)
+            yield f"rediss://127.0.0.1:{port}/0", client
+        finally:
+            await client.aclose()
+    finally:
+        stop_pid(pidfile)
 
 
 @pytest.fixture
 async def tls_redis(
     certificates: Path, tmp_path: Path
 ) -> AsyncIterator[tuple[str, aioredis.Redis]]:
-    port = free_port()
-    assert (
-        await run(
-            "redis-server",
-            "--port",
-            "0",
-            "--tls-port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--tls-cert-file",
-            str(certificates / "server.crt"),
-            "--tls-key-file",
-            str(certificates / "server.key"),
-            "--tls-ca-cert-file",
-            str(certificates / "ca.crt"),
-            "--tls-auth-clients",
-            "yes",
-            "--daemonize",
-            "yes",
-            "--save",
-            "",
-            "--dir",
-            str(tmp_path),
-            "--logfile",
-            str(tmp_path / "redis.log"),
-        )
-        == 0
-    )
-    client = aioredis.Redis(
-        host="127.0.0.1",
-        port=port,
-        ssl=True,
-        ssl_ca_certs=str(certificates / "ca.crt"),
-        ssl_certfile=str(certificates / "client.crt"),
-        ssl_keyfile=str(certificates / "client.key"),
-        decode_responses=True,
-    )
+    async with private_tls_redis(certificates, tmp_path) as server:
+        yield server
 
-    async def answers() -> bool:
-        try:
-            return bool(await client.ping())
-        except (OSError, aioredis.ConnectionError):
-            return False
 
-    await wait_until(answers)
-    yield f"rediss://127.0.0.1:{port}/0", client
-    await client.shutdown(nosave=True)
-    await client.aclose()
+async def test_the_test_pki_passes_strict_verification(
+    tls_redis: tuple[str, aioredis.Redis], certificates: Path
+) -> None:
+    """What Python 3.13 does by default (VERIFY_X509_STRICT), on this Python too: the
+    CA has key usage, the server certificate its issuer's key id."""
+    port = int(tls_redis[0].rsplit(":", 1)[1].split("/")[0])
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=strict_context(certificates), server_hostname="localhost"
+    )
+    writer.write(b"PING\r\n")
+    assert await reader.readline() == b"+PONG\r\n"
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_a_tls_redis_that_never_answers_is_stopped(
+    certificates: Path, tmp_path: Path
+) -> None:
+    """The fixture's server is stopped when the fixture fails (a CA the client cannot
+    use: the server never answers it)."""
+    other = tmp_path / "other-ca"
+    other.mkdir()
+    make_pki(other)
+    with pytest.raises(TimeoutError):
+        async with private_tls_redis(
+            certificates, tmp_path, client_ca=other / "ca.crt", within_s=2
+        ):
+            pass
+    log = (tmp_path / "redis.log").read_text()
+    assert "Ready to accept connections" in log  # it did start
+    assert "ready to exit" in log  # and was stopped (SIGTERM: a clean shutdown)
 
 
 async def test_rediss_with_ca_and_client_certificate(
