@@ -39,6 +39,7 @@ done
 
 say() { echo "trixie: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+die_log() { tail -n 20 "$1" >&2; die "see $1"; }
 need_root() { [ -f "$STAMP" ] || die "no complete root at $ROOT: run \`$0 root\` first"; }
 
 sync_host_files() {  # the proxy's CA (apt, pip, git trust it) and DNS, from the machine
@@ -108,7 +109,7 @@ in_root() {  # CMD...: CMD in the root, in new mount and PID namespaces (foregro
 as_user() {  # USER CMD...: the chroot command line running CMD as the root's USER
     local user=$1; shift
     printf '%q ' chroot "$ROOT" "${ENVV[@]}" HOME="$(getent_root "$user")" \
-        setpriv --reuid="$user" --regid="$user" --init-groups "$@"
+        setpriv --reuid="$user" --regid="$user" --init-groups env "$@"
 }
 getent_root() { awk -F: -v u="$1" '$1 == u { print $6 }' "$ROOT/etc/passwd"; }
 
@@ -163,11 +164,11 @@ up_one() {  # NAME: start one server in the background, wait until it answers
         "$SELF" __serve "$cmd" >"$ROOT$STATE/$name.log" 2>&1 </dev/null &
     pid=$!; echo "$pid" >"$pidf"; STARTED+=("$name")
     if [ "$name" = rabbitmq ]; then
-        wait_for "$pid" 120 "$name (log: $ROOT$STATE/$name.log)" tcp_open "$port"
+        wait_for "$pid" 120 "$name" tcp_open "$port" || die_log "$ROOT$STATE/$name.log"
         in_root $(ctl_env) /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$NODE" \
             await_startup >/dev/null || die "rabbitmqctl await_startup failed"
     else
-        wait_for "$pid" 30 "$name (log: $ROOT$STATE/$name.log)" redis_pong "$port"
+        wait_for "$pid" 30 "$name" redis_pong "$port" || die_log "$ROOT$STATE/$name.log"
     fi
     say "$name up in $((SECONDS - start)) s (pid $pid)"; url "$name"
 }
@@ -205,9 +206,8 @@ netns_inner() {  # CMD...: pid 1 of a fresh network namespace: servers on defaul
     eval "$(redis_cmd redis 6379) >$ROOT$run/redis.log 2>&1 </dev/null &"
     local redis=$!
     trap 'kill -TERM $rabbit $redis 2>/dev/null; wait $rabbit $redis 2>/dev/null' EXIT
-    wait_for "$redis" 30 "redis-server (netns)" redis_pong 6379
-    wait_for "$rabbit" 120 "rabbitmq-server (netns)" tcp_open 5672 ||
-        { tail -20 "$ROOT$run/rabbitmq.log" >&2; exit 1; }
+    wait_for "$redis" 30 "redis-server" redis_pong 6379 || die_log "$ROOT$run/redis.log"
+    wait_for "$rabbit" 120 "rabbitmq-server" tcp_open 5672 || die_log "$ROOT$run/rabbitmq.log"
     chroot "$ROOT" "${ENVV[@]}" rabbitmqctl -q await_startup >/dev/null
     if [ $# = 1 ]; then set -- bash -c "$1"; fi
     chroot "$ROOT" "${ENVV[@]}" "$@" || rc=$?
