@@ -17,6 +17,10 @@ ENV_PREFIX = "WORKER_"
 PositiveInt = Annotated[int, Field(ge=1)]
 
 
+QUORUM_DELIVERY_LIMIT = 20
+"""RabbitMQ 4.0's default `delivery-limit` for quorum queues (none before 4.0)."""
+
+
 class Settings(BaseSettings):
     """Every `WORKER_*` setting of the contract (and a few of our own, documented in the
     README)."""
@@ -128,6 +132,17 @@ class Settings(BaseSettings):
             raise ValueError(
                 "WORKER_DEFAULT_MAX_NEW_TOKENS must not exceed WORKER_MAX_NEW_TOKENS "
                 f"({self.default_max_new_tokens} > {self.max_new_tokens})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _delivery_limit_reached_first(self) -> Settings:
+        if self.queue_type == "quorum" and self.delivery_limit > QUORUM_DELIVERY_LIMIT:
+            raise _SettingError(
+                "delivery_limit",
+                f"at most {QUORUM_DELIVERY_LIMIT} on a quorum queue: from RabbitMQ 4.0 on, "
+                f"the broker drops a message past {QUORUM_DELIVERY_LIMIT} deliveries on "
+                "its own, before the worker could dead-letter it with its reason",
             )
         return self
 

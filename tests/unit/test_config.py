@@ -420,3 +420,18 @@ def test_sentinel_addresses_and_amqp_url_lists_are_checked() -> None:
     assert settings.amqp_urls == ["amqp://a:5672/", "amqps://b:5671/"]
     with pytest.raises(ConfigError, match="WORKER_AMQP_URL"):
         load_settings(amqp_url="amqp://a:5672/,http://b/")
+
+
+def test_a_quorum_delivery_limit_stays_below_rabbitmqs_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RabbitMQ 4.0 drops a quorum queue's message past 20 deliveries on its own: a higher
+    WORKER_DELIVERY_LIMIT would never be reached, and the job would vanish instead of
+    ending as a dead letter with its reason. Classic queues have no broker limit."""
+    error = config_error(monkeypatch, WORKER_DELIVERY_LIMIT="21")
+    assert str(error).startswith("invalid setting WORKER_DELIVERY_LIMIT: at most 20")
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "20")
+    assert load_settings().delivery_limit == 20
+    monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "50")
+    monkeypatch.setenv("WORKER_QUEUE_TYPE", "classic")
+    assert load_settings().delivery_limit == 50
