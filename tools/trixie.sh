@@ -103,7 +103,26 @@ mount_root() {  # in a private mount namespace only (the caller's unshare made i
 }
 
 in_root() {  # CMD...: CMD in the root, in new mount and PID namespaces (foreground)
-    unshare --mount --pid --fork --kill-child --propagation private -- "$SELF" __in-root "$@"
+    ns_run --mount --pid --fork --kill-child --propagation private -- "$SELF" __in-root "$@"
+}
+ns_run() {  # UNSHARE-ARGS...: unshare in the foreground. Ctrl-C reaches the processes in it
+    # directly; TERM or HUP to this script ends them all (unshare itself ignores TERM)
+    env --default-signal=INT,QUIT unshare "$@" <&0 &
+    NS=$!; local rc=0
+    trap ns_term TERM HUP; trap : INT
+    while kill -0 "$NS" 2>/dev/null; do rc=0; wait "$NS" || rc=$?; done
+    trap - TERM HUP INT; return "$rc"
+}
+child_of() { local c; read -r c _ <"/proc/$1/task/$1/children" && [ -n "$c" ] && echo "$c"; }
+ns_term() {  # TERM to each process of the namespace but its init, KILL all after 15 s
+    local init ns p
+    init=$(child_of "$NS") && ns=$(readlink "/proc/$init/ns/pid") &&
+        for p in /proc/[0-9]*; do
+            [ "$(readlink "$p/ns/pid" 2>/dev/null)" != "$ns" ] || [ "${p#/proc/}" = "$init" ] ||
+                kill -TERM "${p#/proc/}" 2>/dev/null || true
+        done
+    for _ in $(seq 150); do kill -0 "$NS" 2>/dev/null || return 0; sleep 0.1; done
+    kill -KILL "$NS" 2>/dev/null || true
 }
 
 as_user() {  # USER CMD...: the chroot command line running CMD as the root's USER
@@ -185,8 +204,7 @@ down_one() {  # NAME: TERM to the server (pid 1 of its namespace forwards it), w
     [ -f "$pidf" ] || return 0
     pid=$(cat "$pidf")
     if alive "$pid"; then
-        child=$(cat "/proc/$pid/task/$pid/children" 2>/dev/null || true)
-        kill -TERM ${child:-$pid} 2>/dev/null || true
+        kill -TERM "$(child_of "$pid" || echo "$pid")" 2>/dev/null || true
         for _ in $(seq 300); do alive "$pid" || break; sleep 0.1; done
         alive "$pid" && { say "$1 did not stop in 30 s: killing it"; kill -KILL "$pid"; }
         say "$1 down"
@@ -242,7 +260,7 @@ main() {
         versions) versions ;;
         run) run_cmd "$@" ;;
         netns) [ $# -gt 0 ] || die "a command is needed"; need_root
-            exec unshare --net --mount --pid --fork --kill-child --propagation private -- \
+            ns_run --net --mount --pid --fork --kill-child --propagation private -- \
                 "$SELF" __netns "$@" ;;
         *) sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
     esac

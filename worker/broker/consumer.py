@@ -44,6 +44,11 @@ from worker.streams.store import StreamStore
 log = logging.getLogger(__name__)
 
 RunJob = Callable[[Job, float, JobTrace | None], Awaitable[JobResult]]
+CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+"""The job queue's `x-consumer-timeout` (RabbitMQ 3.12 and later): a week. The broker's
+default (30 minutes, node-wide) would close the channel of a worker whose job runs longer
+and requeue its jobs; the worker bounds its jobs itself (engine stall detection, leases,
+deadlines). A `consumer-timeout` policy still lowers it: the broker takes the lower."""
 _AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError)
 _VERB = {
     Action.ACK: "ended",
@@ -121,10 +126,12 @@ class Consumer:
         channel.close_callbacks.add(self._connection_lost)
         self._channel = channel
         await channel.set_qos(prefetch_count=self._prefetch)
-        arguments = {"x-queue-type": settings.queue_type}
+        arguments: dict[str, str | int] = {"x-queue-type": settings.queue_type}
         try:
             self._queue = await channel.declare_queue(
-                settings.queue, durable=True, arguments=arguments
+                settings.queue,
+                durable=True,
+                arguments={**arguments, "x-consumer-timeout": CONSUMER_TIMEOUT_MS},
             )
             await channel.declare_queue(settings.dead_queue, durable=True, arguments=arguments)
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
@@ -186,6 +193,14 @@ class Consumer:
             return
         count = self._on_lost("the broker connection was lost")
         log.warning("broker connection lost (%s): %d running jobs dropped", exc, count)
+        if "delivery acknowledgement" in str(exc):
+            log.warning(
+                "the broker's consumer timeout ended a job that ran longer: queue %r was "
+                "declared before the worker set x-consumer-timeout on it, a policy sets a "
+                "lower consumer-timeout, or RabbitMQ is older than 3.12 (node-wide "
+                "consumer_timeout only); see README 'Delivery and acknowledgement'",
+                self._settings.queue,
+            )
 
     async def wait_jobs(self, within_s: float) -> bool:
         """Wait until every job in hand is settled. True if all were."""
