@@ -9,10 +9,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +22,7 @@ import redis.asyncio as aioredis
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import free_port, run, wait_until
+from tests.private_rabbitmq import private_rabbitmq
 from worker.broker.connect import amqp_ssl_context
 from worker.config import Settings
 
@@ -251,65 +250,18 @@ def test_amqps_context_from_the_settings(certificates: Path) -> None:
 @pytest.fixture(scope="module")
 def tls_broker(certificates: Path) -> Iterator[int]:
     """A private RabbitMQ node (never the shared one) that only speaks TLS and requires
-    client certificates. rabbitmq-server runs as the `rabbitmq` user: its files must be
-    readable by it."""
-    if shutil.which("rabbitmq-server") is None or shutil.which("rabbitmqctl") is None:
-        pytest.fail("rabbitmq-server is needed for a private TLS broker")
-    folder = Path(tempfile.mkdtemp(prefix="trtllm-worker-tls-broker-", dir="/tmp"))
-    port, dist_port = free_port(), free_port()
-    for name in ("ca.crt", "server.crt", "server.key"):
-        shutil.copy(certificates / name, folder / name)
-    (folder / "rabbitmq.conf").write_text(
-        "listeners.tcp = none\n"
-        f"listeners.ssl.default = {port}\n"
-        f"ssl_options.cacertfile = {folder}/ca.crt\n"
-        f"ssl_options.certfile = {folder}/server.crt\n"
-        f"ssl_options.keyfile = {folder}/server.key\n"
+    client certificates."""
+    config = (
+        "listeners.ssl.default = {port}\n"
+        "ssl_options.cacertfile = {folder}/ca.crt\n"
+        "ssl_options.certfile = {folder}/server.crt\n"
+        "ssl_options.keyfile = {folder}/server.key\n"
         "ssl_options.verify = verify_peer\n"
         "ssl_options.fail_if_no_peer_cert = true\n"
     )
-    (folder / "enabled_plugins").write_text("[].\n")
-    for sub in ("mnesia", "log"):
-        (folder / sub).mkdir()
-    subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(folder)], check=True)
-    folder.chmod(0o755)
-    node = f"trtllm-tls-{port}@localhost"
-    env = {
-        **os.environ,
-        "RABBITMQ_NODENAME": node,
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq"),
-        "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(folder / "log"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins"),
-        "RABBITMQ_FEATURE_FLAGS_FILE": str(folder / "feature_flags"),
-        "RABBITMQ_PID_FILE": str(folder / "pid"),
-    }
-    server = subprocess.Popen(
-        ["rabbitmq-server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline or server.poll() is not None:
-                pytest.fail(f"the private TLS broker did not start (see {folder}/log)")
-            time.sleep(0.2)
-        yield port
-    finally:
-        subprocess.run(
-            ["rabbitmqctl", "-n", node, "stop"],
-            env=env,
-            capture_output=True,
-            check=False,
-            timeout=60,
-        )
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(30)
-        if server.poll() is None:
-            server.kill()
-        shutil.rmtree(folder, ignore_errors=True)
+    files = {name: certificates / name for name in ("ca.crt", "server.crt", "server.key")}
+    with private_rabbitmq(config, files=files, tls=True) as node:
+        yield node.port
 
 
 async def test_amqps_with_ca_and_client_certificate(
