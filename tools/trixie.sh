@@ -2,21 +2,29 @@
 # Debian 13 ("trixie") in a chroot, to run the test suite against newer servers and a newer
 # Python than the machine's own: RabbitMQ 4.0, Redis 8.0, Valkey 8.1 and Python 3.13.
 #
-#   trixie.sh root                  make the root if absent (debootstrap; reused while complete)
-#   trixie.sh up rabbitmq|redis|valkey...   start servers from the root on private ports
-#   trixie.sh down [name...]        stop what `up` started (all if no name)
-#   trixie.sh ctl ARGS...           rabbitmqctl ARGS for the node `up rabbitmq` started
-#   trixie.sh versions              the root's server and Python versions
-#   trixie.sh run CMD...            CMD in the root, on the machine's network (pip works)
-#   trixie.sh netns CMD...          CMD in the root, in a network namespace of its own where
-#                                   RabbitMQ 4.0 (5672) and Redis 8.0 (6379) run for CMD only
+#   trixie.sh root                 make the root if absent (debootstrap; reused once complete)
+#   trixie.sh up rabbitmq|redis|valkey...  start servers from the root on private ports and
+#                                  print their URLs; a server already up is left as it is
+#   trixie.sh down [NAME...]       stop what `up` started (all if no name)
+#   trixie.sh ctl [TOOL] ARGS...   rabbitmqctl (or TOOL: rabbitmq-diagnostics...) for `up`'s node
+#   trixie.sh versions             the root's server and Python versions
+#   trixie.sh run CMD...           CMD in the root, on the machine's network (pip, uv work)
+#   trixie.sh netns CMD...         CMD in the root, in a network namespace of its own (no
+#                                  network but its loopback) where RabbitMQ 4.0 on 5672 and
+#                                  Redis 8.0 on 6379, fresh ones, run for CMD only
+#                                  (TRIXIE_REDIS=valkey: Valkey 8.1 on 6379 instead)
 #
-# CMD is one string for bash (`run 'cd /src && make'`) or a command and its arguments.
+# CMD is one string for bash, or a command and its arguments; it runs as root with a clean
+# environment (plus the variables named in $TRIXIE_PASS) and exits with CMD's status. The
+# test suite: clone into $ROOT/src, then
+#   trixie.sh run 'cd /src && make PYTHON=python3.13 .venv/.installed-dev'   # network
+#   trixie.sh netns 'cd /src && make PYTHON=python3.13 test'                 # no network
 # Root: $TRIXIE_ROOT, default /var/cache/trtllm-worker/trixie. Every chroot runs in its own
-# mount and PID namespace: /proc, /sys, /dev, /dev/shm and /tmp (a fresh tmpfs) are mounted
-# there only and vanish with it, as does every process left in it. `up` ports: AMQP 5682
-# (node trixie-rabbit@localhost, Erlang distribution 25682, its own epmd on 4382, so the
-# machine's broker and epmd on 4369 are never touched), Redis 6382, Valkey 6383.
+# mount and PID namespaces: /proc, /sys, /dev, /dev/shm and /tmp (a fresh tmpfs) are mounted
+# there only, and they and every process left in them end with it. `up`: AMQP 127.0.0.1:5682,
+# node trixie-rabbit@localhost (distribution port 25682, its own epmd on 4382: the machine's
+# broker and its epmd on 4369 are never touched; data wiped at each `up`), Redis 6382, Valkey
+# 6383 (no persistence); pid files and logs in $ROOT/var/lib/trixie.
 set -euo pipefail
 
 ROOT=${TRIXIE_ROOT:-/var/cache/trtllm-worker/trixie}
@@ -32,8 +40,8 @@ PACKAGES=(python3.13 python3-venv python3-dev python3-pip gcc make git ca-certif
 NODE=trixie-rabbit@localhost AMQP_PORT=5682 DIST_PORT=25682 EPMD_PORT=4382
 declare -A PORT=([redis]=6382 [valkey]=6383)
 ENVV=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
-    LANG=C.UTF-8 TERM="${TERM:-dumb}" SSL_CERT_FILE=$CA PIP_CERT=$CA REQUESTS_CA_BUNDLE=$CA)
-for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+    LANG=C.UTF-8 TERM="${TERM:-dumb}" SSL_CERT_FILE="$CA" PIP_CERT="$CA" REQUESTS_CA_BUNDLE="$CA")
+for v in http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY ${TRIXIE_PASS:-}; do
     [ -z "${!v:-}" ] || ENVV+=("$v=${!v}")
 done
 
@@ -49,6 +57,7 @@ sync_host_files() {  # the proxy's CA (apt, pip, git trust it) and DNS, from the
 }
 
 make_root() {
+    mkdir -p "$(dirname "$ROOT")"; exec 9>"$ROOT.lock"; flock 9   # one build at a time
     if [ -f "$STAMP" ]; then say "root ready: $ROOT"; return; fi
     if [ -e "$ROOT" ]; then
         findmnt -rn -o TARGET | grep "^$ROOT/" >/dev/null && die "something is mounted under $ROOT"
@@ -74,21 +83,10 @@ make_root() {
 }
 
 configure_root() {  # apt sources, the machine's apt proxy settings, no services started
-    printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"; chmod 755 "$ROOT/usr/sbin/policy-rc.d"
-    rm -f "$ROOT/etc/apt/sources.list"
-    cat >"$ROOT/etc/apt/sources.list.d/debian.sources" <<EOF
-Types: deb
-URIs: $MIRROR
-Suites: trixie trixie-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: $SECURITY_MIRROR
-Suites: trixie-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+    printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
+    chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+    printf 'deb %s trixie trixie-updates main\ndeb %s trixie-security main\n' \
+        "$MIRROR" "$SECURITY_MIRROR" >"$ROOT/etc/apt/sources.list"
     grep -lis 'Acquire::.*Proxy' /etc/apt/apt.conf /etc/apt/apt.conf.d/* |
         while read -r f; do cp "$f" "$ROOT/etc/apt/apt.conf.d/"; done || true
     sync_host_files
@@ -103,7 +101,7 @@ mount_root() {  # in a private mount namespace only (the caller's unshare made i
 }
 
 in_root() {  # CMD...: CMD in the root, in new mount and PID namespaces (foreground)
-    ns_run --mount --pid --fork --kill-child --propagation private -- "$SELF" __in-root "$@"
+    ns_run --mount --pid --fork --kill-child --propagation private -- bash "$SELF" __in-root "$@"
 }
 ns_run() {  # UNSHARE-ARGS...: unshare in the foreground. Ctrl-C reaches the processes in it
     # directly; TERM or HUP to this script ends them all (unshare itself ignores TERM)
@@ -113,7 +111,7 @@ ns_run() {  # UNSHARE-ARGS...: unshare in the foreground. Ctrl-C reaches the pro
     while kill -0 "$NS" 2>/dev/null; do rc=0; wait "$NS" || rc=$?; done
     trap - TERM HUP INT; return "$rc"
 }
-child_of() { local c; read -r c _ <"/proc/$1/task/$1/children" && [ -n "$c" ] && echo "$c"; }
+child_of() { local c; c=$(<"/proc/$1/task/$1/children") && c=${c%% *} && [ -n "$c" ] && echo "$c"; }
 ns_term() {  # TERM to each process of the namespace but its init, KILL all after 15 s
     local init ns p
     init=$(child_of "$NS") && ns=$(readlink "/proc/$init/ns/pid") &&
@@ -136,6 +134,7 @@ rabbit_cmd() {  # NODE PORT DIST EPMD DATA: the command line of a RabbitMQ serve
     local -a env=(RABBITMQ_NODENAME="$1" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$2"
         RABBITMQ_DIST_PORT="$3" ERL_EPMD_PORT="$4" ERL_EPMD_ADDRESS=127.0.0.1
         RABBITMQ_MNESIA_BASE="$5/mnesia" RABBITMQ_LOG_BASE="$5/log" RABBITMQ_LOGS=-
+        ERL_CRASH_DUMP="$5/erl_crash.dump"
         RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}")
     as_user rabbitmq "${env[@]}" /usr/lib/rabbitmq/bin/rabbitmq-server
 }
@@ -169,8 +168,8 @@ serve() {  # CMD-LINE...: pid 1 of the server's namespace: forwards TERM, waits 
 }
 
 up_one() {  # NAME: start one server in the background, wait until it answers
-    local name=$1 pidf=$ROOT$STATE/$1.pid start=$SECONDS cmd pid
-    if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then say "$name already up"; url "$name"; return; fi
+    local name=$1 pidf=$ROOT$STATE/$1.pid start=${EPOCHREALTIME/./} cmd pid
+    if alive "$(cat "$pidf" 2>/dev/null)"; then say "$name already up"; url "$name"; return; fi
     case $name in
         rabbitmq) fresh_dir rabbitmq "$STATE/rabbitmq"
             cmd=$(rabbit_cmd "$NODE" "$AMQP_PORT" "$DIST_PORT" "$EPMD_PORT" "$STATE/rabbitmq") ;;
@@ -180,27 +179,29 @@ up_one() {  # NAME: start one server in the background, wait until it answers
     local port=${PORT[$name]:-$AMQP_PORT}
     tcp_open "$port" && die "127.0.0.1:$port is already in use"
     setsid unshare --mount --pid --fork --kill-child --propagation private -- \
-        "$SELF" __serve "$cmd" >"$ROOT$STATE/$name.log" 2>&1 </dev/null &
+        bash "$SELF" __serve "$cmd" >"$ROOT$STATE/$name.log" 2>&1 </dev/null &
     pid=$!; echo "$pid" >"$pidf"; STARTED+=("$name")
     if [ "$name" = rabbitmq ]; then
         wait_for "$pid" 120 "$name" tcp_open "$port" || die_log "$ROOT$STATE/$name.log"
-        in_root $(ctl_env) /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$NODE" \
-            await_startup >/dev/null || die "rabbitmqctl await_startup failed"
+        ctl rabbitmqctl -q await_startup >/dev/null || die "rabbitmqctl await_startup failed"
     else
         wait_for "$pid" 30 "$name" redis_pong "$port" || die_log "$ROOT$STATE/$name.log"
     fi
-    say "$name up in $((SECONDS - start)) s (pid $pid)"; url "$name"
+    say "$name up in $(((${EPOCHREALTIME/./} - start) / 1000)) ms (pid $pid)"; url "$name"
 }
 url() {
     case $1 in rabbitmq) echo "amqp://guest:guest@127.0.0.1:$AMQP_PORT/" ;;
         *) echo "redis://127.0.0.1:${PORT[$1]}/0" ;; esac
 }
+ctl() {  # TOOL ARGS...: a RabbitMQ CLI tool for `up`'s node, as the root's rabbitmq user
+    local tool=$1; shift
+    in_root HOME=/var/lib/rabbitmq ERL_EPMD_PORT="$EPMD_PORT" setpriv --reuid=rabbitmq \
+        --regid=rabbitmq --init-groups "/usr/lib/rabbitmq/bin/$tool" -n "$NODE" "$@"
+}
 alive() { [ -n "$1" ] && grep -qs "__serve" "/proc/$1/cmdline"; }
-ctl_env() { echo HOME=/var/lib/rabbitmq ERL_EPMD_PORT=$EPMD_PORT setpriv --reuid=rabbitmq \
-    --regid=rabbitmq --init-groups; }
 
 down_one() {  # NAME: TERM to the server (pid 1 of its namespace forwards it), wait, else KILL
-    local pidf=$ROOT$STATE/$1.pid pid child
+    local pidf=$ROOT$STATE/$1.pid pid
     [ -f "$pidf" ] || return 0
     pid=$(cat "$pidf")
     if alive "$pid"; then
@@ -212,21 +213,29 @@ down_one() {  # NAME: TERM to the server (pid 1 of its namespace forwards it), w
     rm -f "$pidf"
 }
 STARTED=()
-cleanup_failed_up() { local rc=$?; ((rc == 0)) || for n in "${STARTED[@]}"; do down_one "$n"; done; }
+cleanup_failed_up() {  # on EXIT of `up`: a failed `up` stops what it started
+    local rc=$?; ((rc == 0)) || for n in "${STARTED[@]}"; do down_one "$n"; done
+}
+stop_pids() {  # PID...: TERM, then up to 30 s for them to end
+    kill -TERM "$@" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$@" 2>/dev/null || return 0; sleep 0.1; done
+}
 
 netns_inner() {  # CMD...: pid 1 of a fresh network namespace: servers on default ports, CMD
     mount_root
     chroot "$ROOT" ip link set lo up
-    local run=/tmp/trixie-netns rc=0
+    local run=/tmp/trixie-netns kv=${TRIXIE_REDIS:-redis} rc=0 rabbit redis
     mkdir -p "$ROOT$run/rabbitmq"; chroot "$ROOT" chown rabbitmq:rabbitmq "$run/rabbitmq"
-    eval "$(rabbit_cmd rabbit@localhost 5672 25672 4369 "$run/rabbitmq") >$ROOT$run/rabbitmq.log 2>&1 </dev/null &"
-    local rabbit=$!
-    eval "$(redis_cmd redis 6379) >$ROOT$run/redis.log 2>&1 </dev/null &"
-    local redis=$!
-    trap 'kill -TERM $rabbit $redis 2>/dev/null; wait $rabbit $redis 2>/dev/null' EXIT
-    wait_for "$redis" 30 "redis-server" redis_pong 6379 || die_log "$ROOT$run/redis.log"
+    eval "$(rabbit_cmd rabbit@localhost 5672 25672 4369 "$run/rabbitmq") \
+        >$ROOT$run/rabbitmq.log 2>&1 </dev/null &"
+    rabbit=$!
+    eval "$(redis_cmd "$kv" 6379) >$ROOT$run/$kv.log 2>&1 </dev/null &"
+    redis=$!
+    trap 'stop_pids $rabbit $redis' EXIT   # then this pid 1 ends: the kernel kills the rest
+    wait_for "$redis" 30 "$kv-server" redis_pong 6379 || die_log "$ROOT$run/$kv.log"
     wait_for "$rabbit" 120 "rabbitmq-server" tcp_open 5672 || die_log "$ROOT$run/rabbitmq.log"
-    chroot "$ROOT" "${ENVV[@]}" rabbitmqctl -q await_startup >/dev/null
+    chroot "$ROOT" "${ENVV[@]}" rabbitmqctl -q await_startup >/dev/null ||
+        die "RabbitMQ did not start"
     if [ $# = 1 ]; then set -- bash -c "$1"; fi
     chroot "$ROOT" "${ENVV[@]}" "$@" || rc=$?
     exit "$rc"
@@ -256,12 +265,12 @@ main() {
         up) need_root; [ $# -gt 0 ] || die "which server: rabbitmq, redis or valkey"
             trap cleanup_failed_up EXIT; for n in "$@"; do up_one "$n"; done ;;
         down) [ $# -gt 0 ] || set -- rabbitmq redis valkey; for n in "$@"; do down_one "$n"; done ;;
-        ctl) need_root; in_root $(ctl_env) /usr/lib/rabbitmq/bin/rabbitmqctl -n "$NODE" "$@" ;;
+        ctl) need_root; [[ ${1:-} == rabbitmq-* ]] || set -- rabbitmqctl "$@"; ctl "$@" ;;
         versions) versions ;;
         run) run_cmd "$@" ;;
         netns) [ $# -gt 0 ] || die "a command is needed"; need_root
             ns_run --net --mount --pid --fork --kill-child --propagation private -- \
-                "$SELF" __netns "$@" ;;
+                bash "$SELF" __netns "$@" ;;
         *) sed -n '2,/^set -euo/p' "$SELF" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 }
