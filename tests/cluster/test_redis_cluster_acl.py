@@ -15,6 +15,7 @@ from redis.exceptions import NoPermissionError
 from tests.cluster.conftest import LocalCluster, read_stream, redis_cli
 from tests.integration.conftest import Producer, WorkerFactory
 from tests.integration.test_grants import acl_json
+from worker.streams.connect import QUIET_HANDSHAKE
 
 pytestmark = pytest.mark.cluster
 
@@ -54,7 +55,7 @@ async def test_worker_and_subscriber_under_their_grants_on_the_cluster(
     masters = {getattr(cluster_client.get_node_from_key(prefix + r), "port", None) for r in jobs}
     assert len(masters) == 3, "test data: the streams must spread over every master"
     refusals_before = noperm(redis_cluster)
-    reader = RedisCluster.from_url(reader_url, decode_responses=True)
+    reader = RedisCluster.from_url(reader_url, decode_responses=True, **QUIET_HANDSHAKE)
     try:
         await reader.initialize()
         async with run_worker(redis_url=worker_url, echo_step_ms=2) as worker:
