@@ -18,13 +18,20 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from worker.broker import shortstr
 from worker.broker.cancel import CancelListener
 from worker.broker.connect import amqp_reply, connect_robust
-from worker.broker.messages import published_ns
+from worker.broker.messages import published_ns, undecodable_fields
 from worker.broker.settle import ACKNOWLEDGE, HAND_BACK, Outcome, Settler, outcome_of
 from worker.config import Settings, redact_url
-from worker.contract.errors import Action, ConfigError, DeliveryLimitExceeded, WorkerError
-from worker.contract.job import Job
+from worker.contract.errors import (
+    Action,
+    ConfigError,
+    DeliveryLimitExceeded,
+    InvalidJob,
+    WorkerError,
+)
+from worker.contract.job import Job, request_id_of
 from worker.contract.stream import stream_key
 from worker.ops.grants import rabbitmq_refusal
 from worker.ops.log import request_id_var
@@ -42,6 +49,11 @@ from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
+
+# before the worker connects: a short string that is not UTF-8 (a property, a header key,
+# a routing key) would otherwise end the connection it arrives on. The worker's process
+# only: the client SDK does not patch its host's pamqp.
+shortstr.install()
 
 RunJob = Callable[[Job, float, JobTrace | None], Awaitable[JobResult]]
 CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
@@ -225,6 +237,10 @@ class Consumer:
 
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         """One message, in a task of its own (so its log lines carry its request id)."""
+        undecodable = undecodable_fields(message)
+        if undecodable:
+            await self._refuse_undecodable(message, undecodable)
+            return
         received_at = time.monotonic()
         published = published_ns(message)
         if published is not None:
@@ -247,6 +263,23 @@ class Consumer:
             raise
         action = await self._settler.settle(message, outcome, trace)
         self._finish_trace(trace, outcome, action)
+
+    async def _refuse_undecodable(
+        self, message: AbstractIncomingMessage, fields: list[str]
+    ) -> None:
+        """A message whose AMQP short strings are not UTF-8 (`worker.broker.shortstr`) is
+        invalid: dead-lettered without them, the reason naming them and their bytes, and
+        acknowledged. Its stream gets the `error` entry if its body names a request id.
+        Nothing of it reaches logs or traces but that reason."""
+        request_id = request_id_of(message.body)
+        request_id_var.set(request_id)
+        error = InvalidJob(
+            "AMQP properties or header keys are not UTF-8 (left out of the dead letter): "
+            + "; ".join(fields),
+            request_id=request_id,
+        )
+        log.info("%s: %s: %s", _VERB[error.action], error.code, error.message)
+        await self._settler.settle(message, Outcome(error.action, error))
 
     def _finish_trace(self, trace: JobTrace | None, outcome: Outcome, action: Action) -> None:
         if trace is None or self._tracing is None:

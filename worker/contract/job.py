@@ -236,6 +236,11 @@ def describe(exc: ValidationError) -> str:
 
 def parse_cancel(body: bytes) -> str | None:
     """The request id of a cancel message, or None when it is unreadable."""
+    return request_id_of(body)
+
+
+def request_id_of(body: bytes) -> str | None:
+    """The well-formed `request_id` of a JSON object body, else None (never raises)."""
     if len(body) > MAX_BODY_BYTES:
         return None
     try:
