@@ -3,9 +3,10 @@ built once at start and passed down. A bad value stops the worker with one line.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -223,17 +224,52 @@ def sentinel_addresses(value: str) -> list[tuple[str, int]]:
     return addresses
 
 
+SECRET_PARAMETER = re.compile(
+    r"pass|pwd|secret|token|key|auth|credential|signature|^sig$|cookie|session", re.IGNORECASE
+)
+"""Query (and fragment) parameters whose value `redact_url` hides: any name holding one
+of these words, case-insensitively (`password`, `ssl_password`, `passphrase`, `token`,
+`access_token`, `api_key`, `apikey`, `ssl_keyfile`, `client_secret`, `auth`,
+`authorization`, `credentials`, `X-Amz-Signature`, `sig`, …). It errs on the side of
+hiding: a key file's path is hidden too."""
+
+REDACTED = "***"
+
+
 def redact_url(url: str) -> str:
-    """The URL (or comma-separated URLs) with any password replaced, for logs and error
-    messages."""
+    """The URL (or comma-separated URLs) with every secret replaced by `***`, for logs and
+    error messages: the password of its userinfo, and the value of every query or fragment
+    parameter whose name looks secret (`SECRET_PARAMETER`: redis-py reads `?password=`
+    and `?ssl_password=`, an OTLP endpoint may carry `?token=`). Everything else is kept
+    as written."""
     if "," in url:
         return ",".join(redact_url(each) for each in split_urls(url))
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    head, hash_sign, fragment = url.partition("#")
+    base, question_mark, query = head.partition("?")
+    try:
+        parts = urlsplit(base)
+        password = parts.password
+    except ValueError:  # not a URL that can be taken apart: show none of it
+        return REDACTED
+    if password is not None:
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        base = urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+    query, fragment = _redact_parameters(query), _redact_parameters(fragment)
+    return f"{base}{question_mark}{query}{hash_sign}{fragment}"
+
+
+def _redact_parameters(text: str) -> str:
+    """`a=1&password=x;token=y` as `a=1&password=***;token=***` (names and separators as
+    written)."""
+    if "=" not in text:
+        return text
+    pieces = re.split(r"([&;])", text)
+    for i in range(0, len(pieces), 2):
+        name, sep, _ = pieces[i].partition("=")
+        if sep and SECRET_PARAMETER.search(unquote_plus(name)):
+            pieces[i] = f"{name}={REDACTED}"
+    return "".join(pieces)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -356,6 +356,69 @@ def test_redact_url(url: str, expected: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        pytest.param(
+            f"redis://cache:6379/0?password={PASSWORD}",
+            "redis://cache:6379/0?password=***",
+            id="redis-password",
+        ),
+        pytest.param(
+            f"rediss://:{PASSWORD}@cache:6380/0?ssl_password={PASSWORD}&ssl_cert_reqs=required",
+            "rediss://:***@cache:6380/0?ssl_password=***&ssl_cert_reqs=required",
+            id="ssl-password-and-userinfo",
+        ),
+        pytest.param(
+            f"redis://cache/0?socket_timeout=5&username=app&Password={PASSWORD}&db=1",
+            "redis://cache/0?socket_timeout=5&username=app&Password=***&db=1",
+            id="case-and-neighbours-kept",
+        ),
+        pytest.param(
+            f"http://otel:4318/v1/traces?token={PASSWORD}",
+            "http://otel:4318/v1/traces?token=***",
+            id="otlp-token",
+        ),
+        pytest.param(
+            f"https://h/x?api_key={PASSWORD};access_token={PASSWORD}&client_secret={PASSWORD}",
+            "https://h/x?api_key=***;access_token=***&client_secret=***",
+            id="api-key-access-token-secret",
+        ),
+        pytest.param(
+            f"https://h/x?auth={PASSWORD}&X-Amz-Signature={PASSWORD}&sig={PASSWORD}&apikey={PASSWORD}",
+            "https://h/x?auth=***&X-Amz-Signature=***&sig=***&apikey=***",
+            id="auth-signature-apikey",
+        ),
+        pytest.param(
+            f"https://h/x?pass%77ord={PASSWORD}#access_token={PASSWORD}&state=1",
+            "https://h/x?pass%77ord=***#access_token=***&state=1",
+            id="encoded-name-and-fragment",
+        ),
+        pytest.param(
+            f"unix:///run/redis.sock?db=0&password={PASSWORD}",
+            "unix:///run/redis.sock?db=0&password=***",
+            id="unix-socket-password",
+        ),
+        pytest.param(
+            f"amqp://a/?token={PASSWORD},amqp://u:{PASSWORD}@b/?heartbeat=5",
+            "amqp://a/?token=***,amqp://u:***@b/?heartbeat=5",
+            id="several-urls",
+        ),
+        pytest.param(
+            "redis://cache/0?db=0&protocol=3&flag",
+            "redis://cache/0?db=0&protocol=3&flag",
+            id="nothing-secret",
+        ),
+    ],
+)
+def test_redact_url_hides_secret_query_parameters(url: str, expected: str) -> None:
+    """redis-py reads `?password=` and `?ssl_password=` from the URL; an OTLP endpoint may
+    carry `?token=`: every parameter with a secret-looking name is hidden."""
+    redacted = redact_url(url)
+    assert redacted == expected
+    assert PASSWORD not in redacted
+
+
 # --- the command ----------------------------------------------------------------------------
 
 
