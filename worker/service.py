@@ -1,5 +1,5 @@
 """The composition root: builds everything from `Settings` and owns the order of
-start (tokenizer → engine → loop thread → Redis → broker → ready) and of stop
+start (HTTP port → tokenizer → engine → loop thread → Redis → broker → ready) and of stop
 (not ready → stop consuming → drain → hand back → close)."""
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class Service:
 
     async def start(self) -> None:
         settings = self.settings
+        if self._http is None:
+            await self._listen()
         self._tracing = await start_tracing(os.environ, instance_id=self.worker_id)
         if self._tracing is not None:
             log.info("traces: %s", self._tracing.description)
@@ -185,7 +187,22 @@ class Service:
             tracing=self._tracing,
             model_name=model_name(settings),
         )
+        consumer = self._consumer
+        self.metrics.broker_connected.set_function(lambda: float(consumer.connected))
+        self.metrics.redis_connected.set_function(lambda: float(self.redis_up))
         await self._consumer.start()
+        log.info(
+            "ready: engine %s, HTTP on port %d, event loop %s",
+            settings.engine,
+            self.http_port,
+            event_loop_name(),
+        )
+
+    async def _listen(self) -> None:
+        """Bind the HTTP port first of all: a port that is taken (or a host that is not
+        ours) stops the worker with one line before it loads an engine or takes a job.
+        Until the worker is ready, `/healthz` and `/readyz` answer 503."""
+        settings = self.settings
         self._http = ProbeServer(
             host=settings.http_host,
             port=settings.http_port,
@@ -193,16 +210,15 @@ class Service:
             ready=self.ready,
             registry=self.metrics.registry,
         )
-        consumer = self._consumer
-        self.metrics.broker_connected.set_function(lambda: float(consumer.connected))
-        self.metrics.redis_connected.set_function(lambda: float(self.redis_up))
-        await self._http.start()
-        log.info(
-            "ready: engine %s, HTTP on port %d, event loop %s",
-            settings.engine,
-            self._http.port,
-            event_loop_name(),
-        )
+        try:
+            await self._http.start()
+        except OSError as exc:
+            self._http = None
+            raise ConfigError(
+                f"invalid setting WORKER_HTTP_PORT: cannot listen on "
+                f"{settings.http_host}:{settings.http_port}: "
+                f"{os.strerror(exc.errno).lower() if exc.errno else exc}"
+            ) from None
 
     async def stop(self) -> None:
         """Drain: stop taking jobs, let running ones finish for up to the drain timeout,
@@ -233,6 +249,7 @@ class Service:
         log.info("stopped")
 
     async def __aenter__(self) -> Service:
+        await self._listen()  # nothing to undo yet when the port cannot be bound
         try:
             await self.start()
         except BaseException:

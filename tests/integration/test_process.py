@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.integration.conftest import Producer, Spawn, Subscriber, terminal, worker_env
+from tests.integration.conftest import (
+    Producer,
+    Spawn,
+    Subscriber,
+    WorkerFactory,
+    terminal,
+    worker_env,
+)
 from tests.services import ServiceUrls
 from worker.contract.errors import ConfigError
 from worker.service import event_loop_factory
@@ -174,3 +183,41 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(
     assert event_loop_factory("asyncio") is None
     with pytest.raises(ConfigError, match="WORKER_EVENT_LOOP: uvloop is not installed"):
         event_loop_factory("uvloop")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_http_port_in_use_is_one_line_before_any_job_is_taken(
+    run_worker: WorkerFactory, spawn: Spawn, producer: Producer, names: dict[str, str], loop: str
+) -> None:
+    """The HTTP port is bound before anything else: one taken by another process stops
+    the worker with one line and exit 2, and the job waiting in the queue is never
+    delivered (not taken, not handed back, its delivery not counted)."""
+    async with run_worker():  # declares the queue as a worker does
+        pass
+    request_id = rid()
+    await producer.publish(
+        {"request_id": request_id, "inputs": "ab", "parameters": {"max_new_tokens": 50}}
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = await spawn(
+            ready=False,
+            WORKER_HTTP_PORT=str(port),
+            WORKER_EVENT_LOOP=loop,
+            WORKER_ECHO_STEP_MS="20",
+        )
+        code = await worker.wait()
+    assert worker.lines == [
+        f"trtllm-worker: invalid setting WORKER_HTTP_PORT: cannot listen on 127.0.0.1:{port}: "
+        "address already in use\n"
+    ], worker.log()
+    assert code == 2
+    queue = await producer.channel.declare_queue(names["queue"], passive=True)
+    assert queue.declaration_result.message_count == 1
+    message = await queue.get(no_ack=True)
+    assert message is not None
+    assert not message.redelivered
+    assert not (message.headers or {}).get("x-delivery-count")
+    assert json.loads(message.body)["request_id"] == request_id
