@@ -11,6 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import aio_pika
 import pytest
@@ -127,6 +128,30 @@ async def test_submit_prints_the_request_id_then_tail_follows_it(
     assert tail.stdout == done["generated_text"] + "\n"
     assert tail.stdout.startswith("héllo wörld h")
     assert tail.stderr_lines == [f"# {request_id}: length, 20 tokens (14 in the prompt)"]
+
+
+async def test_tail_from_the_terminal_entry_ends_at_once(
+    run_worker: WorkerFactory, cli: Cli, subscriber: Subscriber
+) -> None:
+    async with run_worker():
+        submitted = await cli.run("submit", "abc", "-p", "max_new_tokens=3")
+        assert submitted.code == 0, submitted.stderr
+        request_id = submitted.stdout.strip()
+        await subscriber.read_until_terminal(request_id)
+    reply = await subscriber.redis.xrange(subscriber.key(request_id))
+    ids = [entry_id for entry_id, _ in cast(list[tuple[str, dict[str, str]]], reply)]
+    last_token, terminal_id = ids[-2], ids[-1]
+    rest = await cli.run("tail", request_id, "--from-id", last_token, "--timeout", "20")
+    assert rest.code == 0, rest
+    assert rest.stderr_lines == [f"# {request_id}: length, 3 tokens (3 in the prompt)"]
+    for after in (terminal_id, "1"):
+        ended = await cli.run("tail", request_id, "--from-id", after, "--timeout", "20")
+        assert ended.code == 0, ended
+        no_traceback(ended)
+        assert ended.stdout == ""
+        assert ended.stderr_lines == [
+            f"# {request_id}: ended at or before entry {after}, nothing after it"
+        ]
 
 
 async def test_submit_reads_the_prompt_from_stdin(run_worker: WorkerFactory, cli: Cli) -> None:

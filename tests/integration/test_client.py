@@ -287,6 +287,42 @@ async def test_stream_from_an_entry_id_skips_unknown_events(
         await collect(client, broken)
 
 
+async def test_stream_from_the_terminal_entry_ends_at_once(
+    client: Client, redis_client: aioredis.Redis, names: dict[str, str]
+) -> None:
+    """Resuming from the terminal entry's id (or past it) on a stream that has ended
+    gives nothing, at once; from an entry before it, the rest; and a stream that has not
+    ended yet is still waited for from its last entry."""
+    request_id = rid()
+    key = names["stream_prefix"] + request_id
+    await redis_client.xadd(
+        key, {"event": "token", "index": 0, "token_id": 104, "text": "h"}, "0-1"
+    )
+    await redis_client.xadd(key, {"event": "error", "code": "engine_error", "message": "x"}, "0-2")
+    every = await collect(client, request_id)
+    assert [type(e) for e in every] == [TokenEvent, ErrorEvent]
+    assert every[-1].entry_id == "0-2"
+    for past in ("0-2", "0-3", "1", "1700000000000-0"):
+        async with asyncio.timeout(5):
+            assert [e async for e in client.stream(request_id, past)] == [], past
+    assert await collect(client, request_id, from_id="0-1") == every[1:]
+
+    running = rid()
+    key = names["stream_prefix"] + running
+    await redis_client.xadd(
+        key, {"event": "token", "index": 0, "token_id": 104, "text": "h"}, "0-1"
+    )
+    reading = asyncio.create_task(collect(client, running, from_id="0-1"))
+    await redis_client.xadd(
+        key,
+        {"event": "done", "finish_reason": "length", "generated_tokens": 1,
+         "input_tokens": 1, "generated_text": "h"},
+        "0-2",
+    )  # fmt: skip
+    done = await reading
+    assert [(type(e), e.entry_id) for e in done] == [(DoneEvent, "0-2")]
+
+
 async def test_cancel_a_running_request(run_worker: WorkerFactory, client: Client) -> None:
     events: list[Event] = []
     async with run_worker(echo_step_ms=10):

@@ -109,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     tail = commands.add_parser("tail", help="print a request's stream to its end")
     tail.add_argument("request_id")
     tail.add_argument(
-        "--from-id", default="0", metavar="ENTRY_ID", help="start after this entry (default 0)"
+        "--from-id",
+        default="0",
+        metavar="ENTRY_ID",
+        help="start after this entry (default 0); a stream that ended at or before it "
+        "prints nothing and exits 0 at once",
     )
     _timeout_option(tail)
 
@@ -417,7 +421,9 @@ async def _follow(
         return EXIT_TIMEOUT
     except BrokenPipeError:
         return _broken_pipe()
-    return EXIT_FAILED  # pragma: no cover - the stream ends only at a terminal entry
+    # no terminal entry after `from_id`: the stream had already ended at or before it
+    _note(f"{request_id}: ended at or before entry {from_id}, nothing after it")
+    return EXIT_OK
 
 
 def summary(

@@ -207,6 +207,29 @@ _EVENT_TYPES: dict[str, type[TokenEvent] | type[DoneEvent] | type[ErrorEvent]] =
 }
 
 
+async def _ended_by(client: AnyRedis, key: str, from_id: str) -> bool:
+    """Whether the stream's last entry is its terminal entry, at or before `from_id`:
+    nothing will ever follow `from_id` (the terminal entry is always the last). A
+    malformed `from_id` is left to XREAD to refuse."""
+    after = _id_key(from_id)
+    if after is None:
+        return False
+    last = cast(list[tuple[str, dict[str, str]]], await client.xrevrange(key, count=1))
+    if not last:
+        return False
+    last_id, fields = last[0]
+    ended = _id_key(last_id)
+    return fields.get("event") in TERMINAL_EVENTS and ended is not None and ended <= after
+
+
+def _id_key(entry_id: str) -> tuple[int, int] | None:
+    """A stream entry id (`ms-seq`, or `ms` alone: seq 0) as a comparable pair."""
+    ms, _, seq = entry_id.partition("-")
+    if not ms.isdigit() or not (seq or "0").isdigit():
+        return None
+    return int(ms), int(seq or 0)
+
+
 def parse_entry(entry_id: str, fields: Mapping[str, str]) -> Event | None:
     """A stream entry as its typed event; None for an event type this client does not
     know (the contract says to ignore those). Raises `StreamFormatError`."""
@@ -504,6 +527,9 @@ class Client:
         """The request's events after entry `from_id` (`0`: from the start), until its
         terminal entry (`DoneEvent` or `ErrorEvent`, then the iterator ends). Entries of
         unknown event types are skipped. Waits for a stream that does not exist yet.
+        A stream that has already ended at or before `from_id` (its terminal entry is
+        `from_id` or before it: e.g. `from_id` is the `entry_id` of the `DoneEvent`)
+        has nothing more to give: the iterator ends at once, yielding nothing.
         Redis unreachable at the start: `ServiceUnavailable` at once. A connection lost
         later is retried with backoff for up to `reconnect_timeout_s`, resuming after the
         last entry seen: no entry is lost or repeated."""
@@ -511,6 +537,8 @@ class Client:
         try:
             client = await self._redis()
             await client.ping()
+            if from_id != "0" and await _ended_by(client, key, from_id):
+                return
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise ServiceUnavailable(
                 f"cannot connect to Redis at {redact_url(self.redis_url)}: {_reason(exc)}"
