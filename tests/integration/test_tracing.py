@@ -5,6 +5,7 @@ export. Each job is one span in its producer's trace, with the events of its pat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
@@ -298,3 +299,54 @@ async def test_jobs_go_on_when_the_exporter_process_dies(
     assert "traces dropped so far" in worker.log()
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0
+
+
+def process_state(pid: int) -> str:
+    """The kernel's state letter of a process (`T`: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_stalled_exporter_does_not_hold_the_worker_past_the_bound(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, otlp_http: str, loop: str
+) -> None:
+    """An exporter process that stops reading (SIGSTOP) with traces still in the pipe:
+    on SIGTERM the worker gives it the README's 5 s, kills it and exits 0."""
+    worker = await spawn(
+        OTEL_EXPORTER_OTLP_ENDPOINT=otlp_http, WORKER_EVENT_LOOP=loop, **FAST_EXPORT
+    )
+    assert f"event loop {loop}" in worker.log()
+    match = re.search(r"exporter pid (\d+)", worker.log())
+    assert match, worker.log()
+    exporter = int(match.group(1))
+    os.kill(exporter, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while process_state(exporter) != "T":  # another process: polled
+            assert time.monotonic() < deadline, process_state(exporter)
+            await asyncio.sleep(0.01)
+        # ~2.5 KB of trace a job (8 long stop strings): far more than a pipe holds
+        stops = [f"{i}{'z' * 255}" for i in range(8)]
+        request_ids = [rid() for _ in range(150)]
+        for request_id in request_ids:
+            await producer.publish(
+                {"request_id": request_id, "inputs": "on",
+                 "parameters": {"max_new_tokens": 1, "stop": stops}}
+            )  # fmt: skip
+        await subscriber.read_many(request_ids)
+        assert process_state(exporter) == "T"  # still stalled when the worker stops
+        started = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        code = await worker.wait(within_s=30)
+        elapsed = time.monotonic() - started
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the worker
+            os.kill(exporter, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(exporter, signal.SIGKILL)
+    assert code == 0, worker.log()
+    unread = re.search(r"trace exporter did not stop within 5s \((\d+) bytes", worker.log())
+    assert unread, worker.log()  # the fault happened: traces were left in the pipe
+    assert int(unread.group(1)) > 0
+    assert elapsed < 5 + 2.5, (elapsed, worker.log())
