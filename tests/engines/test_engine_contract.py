@@ -53,6 +53,25 @@ def test_eos_is_not_honoured_before_min_new_tokens(make_engine: EngineFactory) -
     assert outputs[-1].finish is FinishReason.EOS_TOKEN
 
 
+def test_a_resumed_request_counts_min_new_tokens_from_the_resume_point(
+    make_engine: EngineFactory,
+) -> None:
+    """The first attempt published 5, EOS of min_new_tokens 5: the worker resubmits the
+    prompt with them, min_new_tokens 3 (what remains). The EOS at the 4th generated token
+    overall (2nd new) may not end it; the one at the 6th (4th new) does. The TensorRT-LLM
+    adapters pass the remainder as `min_tokens`, which counts this request's tokens."""
+    prompt, published = [5, EOS], [5, EOS]
+    resumed = request(
+        1, [*prompt, *published], 50, end_id=EOS, eos_ids=frozenset({EOS}),
+        min_new_tokens=3, resumed_tokens=2,
+    )  # fmt: skip
+    outputs = drive(make_engine(), [resumed])[1]
+    tokens = tokens_of(outputs)  # a model steers away from an EOS it may not end with yet
+    assert len(tokens) == 4
+    assert tokens[-1] == EOS
+    assert outputs[-1].finish is FinishReason.EOS_TOKEN
+
+
 def test_cancel_mid_stream_ends_cancelled_keeping_the_tokens(make_engine: EngineFactory) -> None:
     engine = make_engine()
     engine.enqueue(request(1, [5, 6], 100_000))

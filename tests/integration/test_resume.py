@@ -85,3 +85,26 @@ async def test_resumed_stop_sequence_spanning_the_break_is_found(
     assert done["finish_reason"] == "stop_sequence"
     assert done["generated_text"] == "xy"
     assert [int(e["index"]) for e in tokens(entries)] == list(range(5))
+
+
+async def test_a_resume_after_an_early_stop_id_still_honours_min_new_tokens(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """The first attempt published 'a' and the stop id 'b', which did not end the job
+    (min_new_tokens 10 not reached): the resumed job goes on to its tenth token."""
+    request_id = rid()
+    await store_tokens(subscriber, request_id, ["a", ""], [97, 98])
+    async with run_worker():
+        await producer.publish(
+            {
+                "request_id": request_id,
+                "inputs": "ab",
+                "parameters": {"max_new_tokens": 12, "min_new_tokens": 10, "stop_token_ids": [98]},
+            }
+        )
+        entries = await subscriber.read_until_terminal(request_id)
+    assert [int(e["index"]) for e in tokens(entries)] == list(range(10))
+    assert [int(e["token_id"]) for e in tokens(entries)] == [97, 98] * 5
+    done = terminal(entries)
+    assert (done["finish_reason"], done["generated_tokens"]) == ("stop_sequence", "10")
+    assert done["generated_text"] == "aaaaa"

@@ -211,11 +211,16 @@ class JobRunner:
         state.texts = list(stream.texts)
         if finish is not None:
             return finish
-        if stream.token_ids[-1] in state.eos_ids:
-            return FinishReason.EOS_TOKEN
-        if stream.token_ids[-1] in state.stop_token_ids:
-            return FinishReason.STOP_SEQUENCE
-        if len(stream.token_ids) >= prepared.max_new_tokens:
+        # An EOS or stop id ended the earlier attempt only once min_new_tokens (counting
+        # every generated token, the published ones included) was reached; before it, it
+        # was an ordinary token and generation goes on.
+        published = len(stream.token_ids)
+        if published >= prepared.min_new_tokens:
+            if stream.token_ids[-1] in state.eos_ids:
+                return FinishReason.EOS_TOKEN
+            if stream.token_ids[-1] in state.stop_token_ids:
+                return FinishReason.STOP_SEQUENCE
+        if published >= prepared.max_new_tokens:
             return FinishReason.LENGTH
         return None
 
