@@ -371,6 +371,34 @@ async def test_a_passed_deadline_is_not_run(pipeline: Pipeline) -> None:
     assert len(pipeline.leases) == 0  # handed to the error entry, not tracked
 
 
+async def test_a_resumed_job_whose_deadline_passed_ends_done_with_what_was_stored(
+    pipeline: Pipeline, store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """The deadline passed while the job was handed over: it had started, so it ends as
+    a running job does at its deadline (done, deadline, the published text), not with
+    `deadline_exceeded`."""
+    key = prefix + "r4b"
+    await store.start(key, "earlier")
+    await store.write(
+        WriteBatch.of_entries(
+            [(key, *token(0, 97, "a")), (key, *token(1, 98, "b"))], {key: "earlier"}
+        )
+    )
+    await store.release_leases({key: "earlier"})
+    result = await pipeline.runner.run(job("r4b", deadline="2001-01-01T00:00:00Z"), 0)
+    assert result.terminal is not None
+    stored = await entries(redis, key)
+    assert [e["event"] for e in stored] == ["token", "token", "done"]
+    done = stored[-1]
+    assert (done["finish_reason"], done["generated_tokens"], done["generated_text"]) == (
+        "deadline",
+        "2",
+        "ab",
+    )
+    assert pipeline.looper.submitted == []
+    assert not await redis.exists(lease_key(key))
+
+
 async def test_cancel_reaches_the_engine_and_ends_cancelled(
     pipeline: Pipeline, redis: aioredis.Redis, prefix: str
 ) -> None:

@@ -154,11 +154,14 @@ class JobRunner:
         prepared = await self._intake.prepare(job)
         if trace is not None:
             trace_intake(trace, prepared)
+        deadline_passed = False
         if job.deadline is not None and datetime.now(UTC) >= job.deadline:
-            raise DeadlineExceeded(
-                f"deadline {job.deadline.isoformat()} passed before the job started",
-                request_id=job.request_id,
-            )
+            if not stream.token_ids:  # it never started: it is not run
+                raise DeadlineExceeded(
+                    f"deadline {job.deadline.isoformat()} passed before the job started",
+                    request_id=job.request_id,
+                )
+            deadline_passed = True
         state = self._new_state(job, key, prepared)
         if stream.token_ids:
             if trace is not None:
@@ -170,6 +173,10 @@ class JobRunner:
                 return await self._end_now(state, finish, trace)
         if stream.cancelled or job.request_id in self._cancel_requested:
             return await self._end_now(state, FinishReason.CANCELLED, trace)
+        if deadline_passed:
+            # It started (its stream holds tokens) and its deadline passed while it was
+            # handed over: it ends as a running job does at its deadline, with its text.
+            return await self._end_now(state, FinishReason.DEADLINE, trace)
         if self.engine_error is not None or self._looper is None:
             raise HandBack("the engine is not running", request_id=job.request_id)
         terminal = await self._submit(job, state, prepared, stream.token_ids, received_at, trace)
