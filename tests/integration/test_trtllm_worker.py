@@ -212,3 +212,44 @@ async def test_a_job_over_the_engines_max_seq_len_is_refused_with_both_numbers(
     assert (
         "40 tokens + max_new_tokens 30 = 70, over the engine's max_seq_len 64" in error["message"]
     )
+
+
+async def published(subscriber: Subscriber, request_id: str, text: str) -> None:
+    """What a worker that died mid-stream left behind: token entries, no terminal."""
+    for index, char in enumerate(text):
+        fields = {"event": "token", "index": index, "token_id": ord(char), "text": char}
+        await subscriber.redis.xadd(subscriber.key(request_id), fields, id=f"0-{index + 1}")  # type: ignore[arg-type]
+
+
+async def test_a_resumed_job_never_exceeds_the_engines_max_num_tokens(
+    gpu: FakeGpu,
+    model_dir: Path,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    """A resumed job submits its prompt with the tokens already published, which the LLM
+    API refuses over max_num_tokens (without chunked prefill): so a job is accepted only
+    if its longest resume (all but its last token published) fits. At the bound, a job
+    resumed at that point completes; one token over, the job is refused at intake, first
+    run or resumed, never failed by the engine after tokens were published."""
+    fits, over, over_resumed = rid(), rid(), rid()
+    prompt = "abcdefghij"  # 10 tokens: with max_new_tokens 7 the longest resume is 16
+    await published(subscriber, fits, "abcdef")
+    await published(subscriber, over_resumed, "abcdefg")
+    async with run_worker(**engine_settings("trtllm", model_dir), max_num_tokens=16):
+        await producer.publish(
+            {"request_id": fits, "inputs": prompt, "parameters": {"max_new_tokens": 7}}
+        )
+        for request_id in (over, over_resumed):
+            await producer.publish(
+                {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": 8}}
+            )
+        done = await subscriber.read_until_terminal(fits)
+        refused = [await subscriber.read_until_terminal(i) for i in (over, over_resumed)]
+    assert (terminal(done)["event"], terminal(done)["finish_reason"]) == ("done", "length")
+    assert [int(e["index"]) for e in tokens(done)] == list(range(7))
+    for entries in refused:
+        error = terminal(entries)
+        assert (error["event"], error.get("code")) == ("error", "input_too_long"), error
+        assert "max_num_tokens 16" in error["message"]

@@ -297,6 +297,26 @@ def test_prompt_over_the_engines_max_num_tokens(byte_info: TokenizerInfo) -> Non
         prepare_input(job, byte_info, settings, EngineLimits(max_num_tokens=32))
 
 
+def test_the_longest_resume_must_fit_the_engines_max_num_tokens(
+    byte_info: TokenizerInfo,
+) -> None:
+    """Resumed with all but its last token published, a job submits prompt +
+    max_new_tokens - 1 tokens: accepted at 32, refused at 33 naming both numbers."""
+    settings = make_settings()
+    limits = EngineLimits(max_num_tokens=32)
+    fits = make_job(settings, input_ids=[1] * 20, parameters={"max_new_tokens": 13})
+    assert prepare_input(fits, byte_info, settings, limits).max_new_tokens == 13
+    over = make_job(settings, input_ids=[1] * 20, parameters={"max_new_tokens": 14})
+    with pytest.raises(
+        InputTooLong,
+        match=r"^input_ids: 20 tokens \+ max_new_tokens 14 - 1 = 33, over the engine's "
+        r"max_num_tokens 32 .*lower max_new_tokens to 13 or set parameters\.truncate$",
+    ):
+        prepare_input(over, byte_info, settings, limits)
+    unlimited = EngineLimits(max_num_tokens=None)  # chunked prefill: no prompt limit
+    assert prepare_input(over, byte_info, settings, unlimited).max_new_tokens == 14
+
+
 def test_a_parameter_the_engine_would_ignore_is_refused(byte_info: TokenizerInfo) -> None:
     settings = make_settings()
     limits = EngineLimits(ignored_parameters={"seed": "TorchSampler ignores it"})

@@ -93,11 +93,25 @@ def _check_engine_limits(
     prompt: int, max_new: int, limits: EngineLimits, field: str, request_id: str
 ) -> None:
     """TensorRT-LLM rejects only a prompt over `max_num_tokens`; past `max_seq_len` it
-    stops generating and reports `length`, a short stream that looks complete."""
+    stops generating and reports `length`, a short stream that looks complete.
+
+    A job resumed after a redelivery submits its prompt with the tokens already
+    published, at most `max_new - 1` of them (with all of them it ends at once): that
+    longest resume must fit `max_num_tokens` too, or the job would fail with
+    `engine_error` only because it was resumed. It is refused here instead, whether or
+    not it would ever be resumed, so a job's fate does not depend on a redelivery."""
     if limits.max_num_tokens is not None and prompt > limits.max_num_tokens:
         raise InputTooLong(
             f"{field}: {prompt} tokens, the engine takes prompts of at most "
             f"{limits.max_num_tokens} (max_num_tokens)",
+            request_id=request_id,
+        )
+    if limits.max_num_tokens is not None and prompt + max_new - 1 > limits.max_num_tokens:
+        raise InputTooLong(
+            f"{field}: {prompt} tokens + max_new_tokens {max_new} - 1 = {prompt + max_new - 1}, "
+            f"over the engine's max_num_tokens {limits.max_num_tokens} (a job resumed after a "
+            "redelivery submits its prompt with the tokens already generated); lower "
+            f"max_new_tokens to {limits.max_num_tokens - prompt + 1} or set parameters.truncate",
             request_id=request_id,
         )
     if limits.max_seq_len is not None and prompt + max_new > limits.max_seq_len:
