@@ -21,6 +21,17 @@ PositiveInt = Annotated[int, Field(ge=1)]
 QUORUM_DELIVERY_LIMIT = 20
 """RabbitMQ 4.0's default `delivery-limit` for quorum queues (none before 4.0)."""
 
+REDIS_MAX_TTL_S = 10**15
+"""The longest expiry the worker asks Redis for (EXPIRE, SET EX), about 31 million
+years: Redis refuses a TTL whose milliseconds, added to the current time, overflow a
+signed 64-bit integer ('invalid expire time'), from about 9.2e15 s."""
+
+ENGINE_MAX_TOKENS = 2**31 - 1
+"""TensorRT-LLM takes token counts (max_tokens, max_seq_len, max_num_tokens) as 32-bit
+signed integers (`SizeType32`)."""
+
+TokenCount = Annotated[int, Field(ge=1, le=ENGINE_MAX_TOKENS)]
+
 
 class Settings(BaseSettings):
     """Every `WORKER_*` setting of the contract (and a few of our own, documented in the
@@ -39,15 +50,15 @@ class Settings(BaseSettings):
     redis_url: str = "redis://localhost:6379/0"
     queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")] = "generate"
     stream_prefix: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]*$")] = "gen:"
-    stream_ttl_s: PositiveInt = 3600
+    stream_ttl_s: Annotated[int, Field(ge=1, le=REDIS_MAX_TTL_S)] = 3600
     # this long after a stream's terminal entry its token entries are trimmed
-    stream_compact_after_s: Annotated[float, Field(gt=0)] | None = None
+    stream_compact_after_s: Annotated[float, Field(gt=0, le=REDIS_MAX_TTL_S)] | None = None
     engine: Literal["echo", "trtllm", "trtllm-executor"] = "echo"
     tokenizer: Path | None = None
     eos_token: Annotated[str, Field(min_length=1)] | None = None
-    max_input_tokens: PositiveInt = 4096
-    max_new_tokens: PositiveInt = 2048
-    default_max_new_tokens: PositiveInt = 256
+    max_input_tokens: TokenCount = 4096
+    max_new_tokens: TokenCount = 2048
+    default_max_new_tokens: TokenCount = 256
     max_batch: Annotated[int, Field(ge=1, le=65535)] = 64
     http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
     http_host: str = "0.0.0.0"
@@ -82,8 +93,8 @@ class Settings(BaseSettings):
     model: Path | None = None
     engine_dir: Path | None = None
     tensor_parallel_size: PositiveInt = 1
-    max_num_tokens: PositiveInt | None = None
-    max_seq_len: PositiveInt | None = None
+    max_num_tokens: TokenCount | None = None
+    max_seq_len: TokenCount | None = None
     kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
     kv_cache_block_reuse: bool = True
     llm_extra_options: Path | None = None
@@ -133,6 +144,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 "WORKER_DEFAULT_MAX_NEW_TOKENS must not exceed WORKER_MAX_NEW_TOKENS "
                 f"({self.default_max_new_tokens} > {self.max_new_tokens})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sequence_fits_the_engine(self) -> Settings:
+        if self.max_seq_len is None and self.effective_max_seq_len > ENGINE_MAX_TOKENS:
+            raise _SettingError(
+                "max_input_tokens",
+                "WORKER_MAX_INPUT_TOKENS + WORKER_MAX_NEW_TOKENS (the engine's default "
+                f"max_seq_len) must be at most {ENGINE_MAX_TOKENS}",
             )
         return self
 

@@ -13,7 +13,7 @@ import pydantic
 import pytest
 
 import worker
-from worker.config import ENV_PREFIX, Settings, load_settings, redact_url
+from worker.config import ENV_PREFIX, REDIS_MAX_TTL_S, Settings, load_settings, redact_url
 from worker.contract.errors import ConfigError
 
 PASSWORD = "s3cr3t-Pa55"
@@ -215,6 +215,16 @@ def test_default_max_new_tokens_may_equal_max(monkeypatch: pytest.MonkeyPatch) -
         pytest.param("WORKER_MAX_BATCH", "1.5", id="max_batch-float"),
         pytest.param("WORKER_STREAM_TTL_S", "0", id="stream_ttl_s-0"),
         pytest.param("WORKER_STREAM_TTL_S", "1h", id="stream_ttl_s-unit"),
+        # what Redis refuses: EXPIRE overflow ("invalid expire time")
+        pytest.param("WORKER_STREAM_TTL_S", "9223372036854776", id="stream_ttl_s-redis-overflow"),
+        pytest.param("WORKER_STREAM_TTL_S", "1000000000000001", id="stream_ttl_s-over-bound"),
+        pytest.param("WORKER_STREAM_COMPACT_AFTER_S", "1e16", id="compact_after_s-over-bound"),
+        # TensorRT-LLM's 32-bit token counts
+        pytest.param("WORKER_MAX_NEW_TOKENS", "2147483648", id="max_new_tokens-over-int32"),
+        pytest.param("WORKER_MAX_INPUT_TOKENS", "2147483648", id="max_input_tokens-over-int32"),
+        pytest.param("WORKER_MAX_NUM_TOKENS", "2147483648", id="max_num_tokens-over-int32"),
+        pytest.param("WORKER_MAX_SEQ_LEN", "2147483648", id="max_seq_len-over-int32"),
+        pytest.param("WORKER_MAX_INPUT_TOKENS", "2147483000", id="default-max-seq-len-over-int32"),
         pytest.param("WORKER_MAX_INPUT_TOKENS", "0", id="max_input_tokens-0"),
         pytest.param("WORKER_MAX_INPUT_TOKENS", "many", id="max_input_tokens-word"),
         pytest.param("WORKER_MAX_NEW_TOKENS", "0", id="max_new_tokens-0"),
@@ -244,6 +254,11 @@ def test_bad_value_names_the_variable(
 ) -> None:
     error = config_error(monkeypatch, **{variable: raw})
     assert variable in str(error)
+
+
+def test_the_longest_stream_ttl_redis_accepts_is_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKER_STREAM_TTL_S", str(REDIS_MAX_TTL_S))
+    assert load_settings().stream_ttl_s == REDIS_MAX_TTL_S
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from tests.services import ServiceUrls
 from worker.broker.settle import Settler, outcome_of
-from worker.config import Settings
+from worker.config import REDIS_MAX_TTL_S, Settings
 from worker.contract.errors import DeadlineExceeded, HandBack, StreamUnusable
 from worker.contract.job import Job
 from worker.contract.stream import Fields, FinishReason, error_fields, lease_key
@@ -142,6 +142,25 @@ async def test_the_terminal_entry_ends_the_stream(
     assert 0 < await redis.ttl(key) <= 60
     assert not await redis.exists(lease_key(key))  # released with the terminal entry
     assert (await entries(redis, key))[-1]["event"] == "done"
+
+
+async def test_the_longest_stream_ttl_the_settings_allow_is_one_redis_takes(
+    services: ServiceUrls, redis: aioredis.Redis, prefix: str
+) -> None:
+    """WORKER_STREAM_TTL_S at its bound: the terminal entry's EXPIRE, the cancel mark's
+    SET EX and the delivery counter's EXPIRE are all accepted."""
+    longest = StreamStore(redis_client(services.redis, client_name="test"), ttl_s=REDIS_MAX_TTL_S)
+    key = prefix + "ttl"
+    try:
+        await longest.start(key, "t")
+        done = {"event": "done", "finish_reason": "length", "generated_tokens": 1}
+        batch = [(key, *token(0, 97, "a")), (key, "0-2", done)]
+        assert await longest.write(WriteBatch.of_entries(batch, {key: "t"})) == {}
+        assert await redis.ttl(key) > REDIS_MAX_TTL_S - 60
+        await longest.mark_cancelled(prefix + "other")
+        assert await longest.count_delivery(prefix + "other") == 1
+    finally:
+        await longest.close()
 
 
 async def test_an_unleased_end_never_overwrites_a_stream_another_worker_owns(
@@ -451,6 +470,38 @@ async def test_lost_entries_hand_the_job_back_to_resume_from_the_stream(
     stored = await entries(redis, key)
     assert [e["index"] for e in stored[:-1]] == ["0", "1", "2", "3"]
     assert stored[-1]["generated_text"] == "abca"
+
+
+async def test_a_batch_redis_refuses_for_good_fails_only_the_stream_at_fault(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    """One stream's lease key became a hash: the write script's fence (GET) fails with
+    WRONGTYPE, which fails the whole call, every time. Not an outage: the streams are
+    written one by one, the one at fault fails, the others go on to their end."""
+    names = ["w1", "w2", "w3"]
+    runs = {n: asyncio.create_task(pipeline.runner.run(job(n), 0)) for n in names}
+    for _ in names:
+        await pipeline.submitted()
+    requests = {s.request_id: s.engine_id for s in pipeline.pump.states()}
+    bad = prefix + "w2"
+    await redis.delete(lease_key(bad))
+    await redis.hset(lease_key(bad), "not", "a lease")
+    pipeline.pump.on_outputs([EngineOutput(requests[n], [97]) for n in names], 0)
+    pipeline.pump.on_outputs(
+        [EngineOutput(requests[n], [98], finish=FinishReason.LENGTH) for n in names], 0
+    )
+    async with asyncio.timeout(10):
+        with pytest.raises(StreamUnusable, match="WRONGTYPE"):
+            await runs["w2"]
+        for good in ("w1", "w3"):
+            result = await runs[good]
+            assert result.terminal is not None
+            stored = await entries(redis, prefix + good)
+            assert [e["event"] for e in stored] == ["token", "token", "done"]
+            assert stored[-1]["generated_text"] == "ab"
+    assert await entries(redis, bad) == []
+    assert len(pipeline.pump) == 0
+    assert pipeline.pump.redis_healthy
 
 
 async def test_hand_back_all_releases_the_leases(

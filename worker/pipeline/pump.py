@@ -20,7 +20,12 @@ from worker.ops.metrics import Metrics
 from worker.pipeline.leases import Leases, lease_lost
 from worker.pipeline.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
 from worker.streams.connect import REDIS_FAILURES
-from worker.streams.store import ENTRIES_LOST_REASON, LEASE_LOST_REASON, StreamStore
+from worker.streams.store import (
+    ENTRIES_LOST_REASON,
+    LEASE_LOST_REASON,
+    StreamStore,
+    refused_for_good,
+)
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +160,20 @@ class OutputPump:
         while True:
             started = time.perf_counter()
             try:
-                refused = await self._store.write(batch.write)
+                try:
+                    refused = await self._store.write(batch.write)
+                except REDIS_FAILURES as exc:
+                    if not refused_for_good(exc):
+                        raise
+                    # Not an outage: the script failed on some stream's keys, and would
+                    # again. Retrying the batch would stop every stream; written one by
+                    # one, only the streams at fault fail (`_fail_refused`).
+                    log.warning(
+                        "Redis refused a batch of %d entries (%s); writing its streams one by one",
+                        batch.entry_count,
+                        exc,
+                    )
+                    refused = await self._store.write_each(batch.write)
             except REDIS_FAILURES as exc:
                 self.redis_healthy = False
                 buffered = batch.entry_count + len(self._inbox)
@@ -177,8 +195,8 @@ class OutputPump:
     def _fail_refused(self, refused: dict[str, str], batch: ProcessedBatch) -> None:
         """Requests whose writes were refused stop here: a lost lease hands the job back
         (another worker owns it now), so do lost entries (it resumes from the stream's
-        tail, as after a crash); a key Redis refuses for good (not a stream)
-        dead-letters it with the reason."""
+        tail, as after a crash); a stream Redis refuses for good (its key is not a
+        stream, or the script failed on its keys) dead-letters it with the reason."""
         states = [s for s in self._running.values() if s.key in refused]
         states += [s for s, _ in batch.finished if s.key in refused]
         for state in states:

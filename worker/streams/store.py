@@ -32,10 +32,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import (
+    ClusterDownError,
     NoPermissionError,
     NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
     RedisClusterException,
     ResponseError,
+    TryAgainError,
 )
 
 from worker.contract.errors import ConfigError, StreamUnusable
@@ -368,6 +372,29 @@ class WriteBatch:
         self.ended.append(self._key)
         args += (seq_id, len(fields), *chain.from_iterable(fields.items()))
 
+    def per_stream(self) -> list[tuple[str, WriteBatch]]:
+        """The batch as one batch per stream (its parts in order), to write the streams
+        one by one when Redis refused the batch (`StreamStore.write_each`)."""
+        streams: dict[str, WriteBatch] = {}
+        for slot, (keys, args) in self.calls.items():
+            a = 0
+            for k in range(0, len(keys), 2):
+                code = int(args[a + 2])
+                count = code // 4
+                end = a + 3 + (3 if code & 2 else 2) * count
+                if code & 1:
+                    end += 2 + 2 * int(args[end + 1])
+                one = streams.get(keys[k])
+                if one is None:
+                    one = streams[keys[k]] = WriteBatch(cluster=self._cluster)
+                call = one.calls.setdefault(slot, ([], []))
+                call[0].extend(keys[k : k + 2])
+                call[1].extend(args[a:end])
+                if code & 1:
+                    one.ended.append(keys[k])
+                a = end
+        return list(streams.items())
+
     def entries(self) -> list[Entry]:
         """The entries the batch stores, in order per stream, as subscribers will read
         them (a terminal entry after the tail shows its id as AFTER_TAIL)."""
@@ -586,6 +613,21 @@ class StreamStore:
                     refused[key] = ENTRIES_LOST_REASON
         if self.compact_after_s is not None:
             self._compact_later([key for key in batch.ended if key not in refused])
+        return refused
+
+    async def write_each(self, batch: WriteBatch) -> dict[str, str]:
+        """`write`, one stream at a time: after Redis refused the whole batch with a
+        script error (`refused_for_good`), so that only the streams at fault fail. Returns
+        the keys not written with why, those Redis refused included; raises as `write`
+        does on connection errors and on errors that are the server's state."""
+        refused: dict[str, str] = {}
+        for key, one in batch.per_stream():
+            try:
+                refused.update(await self.write(one))
+            except ResponseError as exc:
+                if not refused_for_good(exc):
+                    raise
+                refused[key] = f"Redis refused its write: {exc}"
         return refused
 
     async def _cluster_write(self, batch: WriteBatch) -> list[Any]:
@@ -893,6 +935,30 @@ class StreamStore:
         pipe.expire(counter, self._ttl_s)
         count, _ = await pipe.execute()
         return int(count)
+
+
+_SERVER_STATE = ("BUSY", "LOADING", "MASTERDOWN", "MISCONF", "NOREPLICAS", "NOSCRIPT")
+"""Error codes that say what state the server is in (a script running long, a dataset
+loading, a failing disk, too few replicas), whatever the request."""
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """A Redis error that the same call would meet again, whatever the server's state: a
+    script error on one request's keys (a key of the wrong type, an expiry Redis cannot
+    set). Not: connection errors, a read-only replica, out of memory, cluster states, an
+    ACL refusal (the configuration: every stream meets it) or the codes of
+    `_SERVER_STATE`."""
+    if not isinstance(exc, ResponseError) or isinstance(
+        exc,
+        NoScriptError
+        | ReadOnlyError
+        | OutOfMemoryError
+        | NoPermissionError
+        | ClusterDownError
+        | TryAgainError,
+    ):
+        return False
+    return not str(exc).startswith(_SERVER_STATE) and not _refused(exc)
 
 
 def _refused(exc: ResponseError) -> bool:
