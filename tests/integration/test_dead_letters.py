@@ -6,6 +6,7 @@ import json
 import uuid
 from typing import Any
 
+import aio_pika
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
@@ -141,6 +142,36 @@ async def test_message_delivered_too_often_is_dead_lettered(
     assert entries[0]["event"] == "error"
     assert "delivered 3 times" in entries[0]["message"]
     assert dead.headers["x-error-code"] == entries[0]["code"]
+
+
+async def test_the_workers_limit_applies_at_rabbitmqs_own(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    names: dict[str, str],
+) -> None:
+    """RabbitMQ 4.0 drops a quorum queue's message after its 21st delivery (its default
+    delivery-limit, 20, without a dead-letter exchange). Returned 20 times for real (as
+    20 crashed workers would), the message comes to a worker whose WORKER_DELIVERY_LIMIT
+    is the highest allowed, 20: it ends as the worker's dead letter, with its reason and
+    the stream's error entry, not dropped by the broker."""
+    request_id = rid()
+    queue = await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "quorum"}
+    )
+    await producer.publish({"request_id": request_id, "inputs": "hi"})
+    for returned in range(20):
+        message = await queue.get(timeout=5, fail=False)
+        assert message is not None, f"the broker dropped it after {returned} returns"
+        await message.reject(requeue=True)
+    async with run_worker(delivery_limit=20):
+        entries = await subscriber.read_until_terminal(request_id)
+        dead = await producer.get_dead()
+    assert entries[0]["event"] == "error"
+    assert "delivered 21 times" in entries[0]["message"]
+    assert dead.headers["x-error-code"] == entries[0]["code"]
+    assert json.loads(dead.body)["request_id"] == request_id
 
 
 async def test_stream_key_of_another_type_dead_letters_the_job(
