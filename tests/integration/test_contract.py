@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import aio_pika
 import pytest
 
 from tests.integration.conftest import (
@@ -206,6 +208,41 @@ async def test_job_with_terminal_entry_is_not_run_again(
         skipped = service.metrics.jobs.labels(outcome="skipped")._value.get()
     assert await subscriber.entries(request_id) == first
     assert skipped == 1
+
+
+async def test_copies_of_one_job_in_hand_at_once_run_once(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    names: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Twelve copies of one request on one worker (a producer's retries): one runs, the
+    others are acknowledged once its terminal entry is stored, none is retried or
+    dead-lettered, and every message is settled before the worker stops."""
+    caplog.set_level(logging.INFO, logger="worker")
+    request_id = rid()
+    job = {"request_id": request_id, "inputs": "ab", "parameters": {"max_new_tokens": 20}}
+    async with run_worker(echo_step_ms=5) as service:
+        for _ in range(12):
+            await producer.publish(job)
+        marker = rid()  # delivered after the copies: they are in hand when it ends
+        await producer.publish({"request_id": marker, "inputs": "z"})
+        await subscriber.read_until_terminal(marker)
+        entries = await subscriber.read_until_terminal(request_id)
+        # the worker stops only once it has settled what it holds (or hands it back)
+    jobs = service.metrics.jobs
+    assert jobs.labels(outcome="skipped")._value.get() == 11
+    assert jobs.labels(outcome="done:length")._value.get() == 2  # the copy and the marker
+    assert await subscriber.entries(request_id) == entries
+    assert [e["event"] for e in entries] == ["token"] * 20 + ["done"]
+    for queue_name in (names["queue"], f"{names['queue']}.dead"):
+        declared = await amqp_channel.declare_queue(queue_name, durable=True, passive=True)
+        assert declared.declaration_result.message_count == 0, queue_name
+    assert "KeyError" not in caplog.text
+    assert "failed unexpectedly" not in caplog.text
+    assert "handed back" not in caplog.text
 
 
 async def test_cancel_running_request_keeps_what_was_generated(

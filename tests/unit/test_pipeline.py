@@ -547,3 +547,24 @@ async def test_an_error_found_under_the_lease_is_written_with_it(
     assert [e["event"] for e in stored] == ["error"]
     assert stored[0]["code"] == "deadline_exceeded"
     assert not await redis.exists(lease_key(key))
+
+
+async def test_copies_of_one_request_run_once_and_the_others_find_its_end(
+    pipeline: Pipeline, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Copies of one request in hand at once (a producer's retries, redeliveries) wait
+    for the copy that runs, one after another: each then finds its terminal entry and
+    ends without running, as a redelivered duplicate of a finished job does."""
+    copies = [
+        asyncio.create_task(pipeline.runner.run(job("dup", parameters={"max_new_tokens": 2}), 0))
+        for _ in range(12)
+    ]
+    request = await pipeline.submitted()
+    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
+    results = await asyncio.wait_for(asyncio.gather(*copies), 10)
+    assert [result.terminal is not None for result in results].count(True) == 1
+    assert len(pipeline.looper.submitted) == 1
+    assert [e["event"] for e in await entries(redis, prefix + "dup")] == ["token", "token", "done"]
+    assert pipeline.runner.cancel("dup") is False  # no copy left in hand
+    assert len(pipeline.leases) == 0
+    assert not await redis.exists(lease_key(prefix + "dup"))

@@ -97,16 +97,20 @@ class JobRunner:
     async def run(self, job: Job, received_at: float, trace: JobTrace | None = None) -> JobResult:
         """Run one job to its terminal entry. Raises a `WorkerError` whose action says
         what becomes of the message, or a Redis error (retry later)."""
-        previous = self._active.get(job.request_id)
-        if previous is not None:  # the same id is running here: let it end first
+        request_id = job.request_id
+        # Copies of one request in hand here (a producer's retries, redeliveries) run one
+        # at a time: every waiting copy wakes when the running one ends, and the first to
+        # run takes the table again, so the others wait on for it. The next copy then
+        # finds the terminal entry (acknowledged, not run) or resumes a stream handed back.
+        while (previous := self._active.get(request_id)) is not None:
             await asyncio.shield(previous)
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._active[job.request_id] = finished
+        self._active[request_id] = finished
         try:
             return await self._run(job, received_at, trace)
         finally:
-            self._cancel_requested.discard(job.request_id)
-            del self._active[job.request_id]
+            self._cancel_requested.discard(request_id)
+            del self._active[request_id]
             finished.set_result(None)
 
     async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
