@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from worker.contract.job import MAX_BODY_BYTES
+from worker.contract.stream import deliveries_key
 
 
 def rid() -> str:
@@ -190,3 +191,34 @@ async def test_stream_key_of_another_type_dead_letters_the_job(
     assert "WRONGTYPE" in str(dead.headers["x-error-message"])
     assert terminal(entries)["generated_text"] == "ok"
     assert await subscriber.redis.get(subscriber.key(request_id)) == "not a stream"
+
+
+async def test_copies_of_a_finished_job_on_a_classic_queue_are_not_dead_lettered(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    amqp_channel: aio_pika.abc.AbstractChannel,
+    names: dict[str, str],
+) -> None:
+    """A classic queue does not count deliveries: the worker counts a request's
+    redeliveries in Redis. Extra copies of a job that completed (a producer's retries)
+    are first deliveries: each is acknowledged as a duplicate, never counted against
+    WORKER_DELIVERY_LIMIT nor dead-lettered."""
+    request_id = rid()
+    job = {"request_id": request_id, "inputs": "ab", "parameters": {"max_new_tokens": 3}}
+    async with run_worker(queue_type="classic", delivery_limit=1) as service:
+        await producer.publish(job)
+        entries = await subscriber.read_until_terminal(request_id)
+        for _ in range(3):
+            await producer.publish(job)
+        marker = rid()  # delivered after the copies: they are in hand when it ends
+        await producer.publish({"request_id": marker, "inputs": "z"})
+        await subscriber.read_until_terminal(marker)
+        # the worker stops only once it has settled what it holds
+    assert service.metrics.jobs.labels(outcome="skipped")._value.get() == 3
+    assert service.metrics.jobs.labels(outcome="dead_lettered")._value.get() == 0
+    assert await subscriber.entries(request_id) == entries
+    for queue_name in (names["queue"], f"{names['queue']}.dead"):
+        declared = await amqp_channel.declare_queue(queue_name, durable=True, passive=True)
+        assert declared.declaration_result.message_count == 0, queue_name
+    assert not await subscriber.redis.exists(deliveries_key(subscriber.key(request_id)))

@@ -318,11 +318,22 @@ async def test_sigterm_hands_unfinished_jobs_to_the_other_worker(
     assert staying.process.returncode is None
 
 
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
 async def test_poison_job_that_kills_workers_ends_in_the_dead_letter_queue(
-    spawn: Spawn, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+    spawn: Spawn,
+    producer: Producer,
+    subscriber: Subscriber,
+    services: ServiceUrls,
+    queue_type: str,
 ) -> None:
+    """Quorum queues count the deliveries, the worker counts a classic queue's
+    redeliveries in Redis: either way the third delivery is past the limit."""
     request_id = rid()
-    env = {"WORKER_ECHO_CRASH_TOKEN_ID": "255", "WORKER_DELIVERY_LIMIT": "2"}
+    env = {
+        "WORKER_ECHO_CRASH_TOKEN_ID": "255",
+        "WORKER_DELIVERY_LIMIT": "2",
+        "WORKER_QUEUE_TYPE": queue_type,
+    }
     first = await spawn(**env)
     await producer.publish({"request_id": request_id, "input_ids": [97, 255]})
     assert await first.wait() == 3  # the engine died on it

@@ -499,18 +499,25 @@ async def test_the_admin_commands_run_under_the_admin_grants(
 async def test_a_classic_queue_under_the_grants(
     granted: Granted, as_roles: tuple[Producer, Subscriber, Producer], spawn: Spawn
 ) -> None:
-    """Classic queues count deliveries in Redis (INCRBY on the side key): granted too."""
+    """Classic queues count redeliveries in Redis (INCRBY on the side key): granted
+    too. The first worker's engine dies on the job and hands it back; the second counts
+    the redelivery and runs it."""
     producer, subscriber, _ = as_roles
-    await spawn(WORKER_QUEUE_TYPE="classic", **worker_urls(granted))
+    crashing = await spawn(
+        WORKER_QUEUE_TYPE="classic", WORKER_ECHO_CRASH_TOKEN_ID="255", **worker_urls(granted)
+    )
     request_id = rid()
     await producer.publish(
-        {"request_id": request_id, "inputs": "classic ", "parameters": {"max_new_tokens": 9}}
+        {"request_id": request_id, "input_ids": [99, 255], "parameters": {"max_new_tokens": 9}}
     )
-    assert_exact(await subscriber.read_until_terminal(request_id), "classic ", 9)
+    assert await crashing.wait() == 3
+    await spawn(WORKER_QUEUE_TYPE="classic", **worker_urls(granted))
+    done = terminal(await subscriber.read_until_terminal(request_id))
+    assert (done["event"], done["generated_tokens"]) == ("done", "9")
     root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
     try:
         key = "{" + subscriber.key(request_id) + "}:deliveries"
-        assert await root.get(key) == "1"  # counted, as its own user
+        assert await root.get(key) == "1"  # the redelivery counted, as its own user
         assert "errorstat_NOPERM" not in await root.info("errorstats")
     finally:
         await root.aclose()

@@ -344,13 +344,17 @@ class Consumer:
     async def _check_deliveries(self, message: AbstractIncomingMessage, request_id: str) -> None:
         """A message delivered more than WORKER_DELIVERY_LIMIT times is not run again.
         Quorum queues count earlier deliveries in `x-delivery-count`; for classic queues
-        the worker counts them in Redis (a redelivered message only says it was)."""
+        the worker counts the request's redeliveries in Redis (a redelivered message only
+        says it was). A first delivery is never counted: an extra copy of a job (a
+        producer's retry) is not a failed delivery of it."""
         count = (message.headers or {}).get("x-delivery-count")
         if isinstance(count, int):
             deliveries = count + 1
         elif self._settings.queue_type == "classic":
-            key = stream_key(self._settings.stream_prefix, request_id)
-            deliveries = await self._store.count_delivery(key)
+            deliveries = 1
+            if message.redelivered:
+                key = stream_key(self._settings.stream_prefix, request_id)
+                deliveries += await self._store.count_delivery(key)
         else:
             deliveries = 1
         if deliveries > self._settings.delivery_limit:

@@ -927,8 +927,8 @@ class StreamStore:
         await mark_cancelled(self.client, key, self._ttl_s)
 
     async def count_delivery(self, key: str) -> int:
-        """How many times this request's message was taken (for classic queues, which
-        do not count deliveries themselves)."""
+        """Count one more redelivery of this request's message; returns the count (for
+        classic queues, which do not count deliveries themselves)."""
         counter = deliveries_key(key)
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(counter)
