@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     xread,
 )
 from tests.services import ServiceUrls
+from worker.contract.stream import lease_key
 
 
 def rid() -> str:
@@ -349,3 +350,41 @@ async def test_poison_job_that_kills_workers_ends_in_the_dead_letter_queue(
     entries = await subscriber.read_until_terminal(request_id)
     assert terminal(entries)["event"] == "error"
     assert third.process.returncode is None
+
+
+@pytest.mark.parametrize("queue_type", ["quorum", "classic"])
+async def test_a_job_past_its_limit_while_its_dead_workers_lease_lives_gets_its_end(
+    spawn: Spawn, producer: Producer, subscriber: Subscriber, queue_type: str
+) -> None:
+    """A worker dies mid-job without a word (kill -9: its lease lives on until it
+    expires) and the redelivery is past WORKER_DELIVERY_LIMIT. The worker that gets it
+    waits the stale lease out and takes it, as a resuming job does, and writes the
+    `error` entry through it: one terminal entry after the stored tokens, the stream's
+    TTL, then the dead letter."""
+    request_id = rid()
+    key = subscriber.key(request_id)
+    env = {
+        "WORKER_DELIVERY_LIMIT": "1",
+        "WORKER_QUEUE_TYPE": queue_type,
+        "WORKER_STREAM_TTL_S": "600",
+    }
+    first = await spawn(WORKER_ECHO_STEP_MS="20", **env)
+    await producer.publish(
+        {"request_id": request_id, "inputs": "ab", "parameters": {"max_new_tokens": 2000}}
+    )
+    await wait_for_entries(subscriber, request_id, 3)
+    second = await spawn(**env)
+    first.signal(signal.SIGKILL)
+    await first.wait()
+    assert await subscriber.redis.pttl(lease_key(key)) > 0  # the dead worker's, still live
+    dead = await producer.get_dead(wait_s=30)
+    assert dead.headers["x-error-code"] == "internal_error"
+    assert "delivered 2 times" in str(dead.headers["x-error-message"])
+    entries = await subscriber.entries(request_id)  # stored before the dead letter
+    error = terminal(entries)
+    assert error["event"] == "error", second.log()
+    assert error["code"] == "internal_error"
+    assert [int(e["index"]) for e in tokens(entries)] == list(range(len(entries) - 1))
+    assert 0 < await subscriber.redis.ttl(key) <= 600
+    assert not await subscriber.redis.exists(lease_key(key))
+    assert second.process.returncode is None

@@ -16,7 +16,12 @@ import redis.asyncio as aioredis
 from tests.services import ServiceUrls
 from worker.broker.settle import Settler, outcome_of
 from worker.config import REDIS_MAX_TTL_S, Settings
-from worker.contract.errors import DeadlineExceeded, HandBack, StreamUnusable
+from worker.contract.errors import (
+    DeadlineExceeded,
+    DeliveryLimitExceeded,
+    HandBack,
+    StreamUnusable,
+)
 from worker.contract.job import Job
 from worker.contract.stream import Fields, FinishReason, error_fields, lease_key
 from worker.engine.base import EngineOutput, EngineRequest
@@ -568,3 +573,33 @@ async def test_copies_of_one_request_run_once_and_the_others_find_its_end(
     assert pipeline.runner.cancel("dup") is False  # no copy left in hand
     assert len(pipeline.leases) == 0
     assert not await redis.exists(lease_key(prefix + "dup"))
+
+
+async def test_a_job_refused_at_admission_ends_its_stream_through_its_own_lease(
+    pipeline: Pipeline, store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """The delivery limit is checked once the job holds its lease: a dead worker's lease
+    is waited out first, and the error entry goes through the job's own lease (terminal
+    entry, TTL, lease released). A copy of a finished job is not even asked."""
+    key = prefix + "p1"
+    await store.start(key, "dead-worker")  # expires after 1 s, never released
+    await store.write(WriteBatch.of_entries([(key, *token(0, 97, "a"))], {key: "dead-worker"}))
+    asked: list[str] = []
+
+    async def over_limit() -> None:
+        asked.append("p1")
+        raise DeliveryLimitExceeded("delivered 4 times without finishing", request_id="p1")
+
+    with pytest.raises(DeliveryLimitExceeded) as caught:
+        await pipeline.runner.run(job("p1"), 0, admit=over_limit)
+    assert caught.value.lease
+    assert await redis.get(lease_key(key)) == caught.value.lease
+    settler = Settler(pipeline.settings, store, pipeline.metrics, lambda: None)
+    assert await settler._error_entry(cast(Any, None), caught.value)
+    assert [e["event"] for e in await entries(redis, key)] == ["token", "error"]
+    assert 0 < await redis.ttl(key) <= 60
+    assert not await redis.exists(lease_key(key))
+    again = await pipeline.runner.run(job("p1"), 0, admit=over_limit)
+    assert again.terminal is None  # a duplicate of a finished job: acknowledged
+    assert asked == ["p1"]
+    assert pipeline.looper.submitted == []

@@ -44,7 +44,7 @@ from worker.ops.tracing import (
     describe_job,
 )
 from worker.pipeline.intake import Intake
-from worker.pipeline.runner import JobResult
+from worker.pipeline.runner import Admit, JobResult
 from worker.streams.connect import REDIS_FAILURES
 from worker.streams.store import StreamStore
 
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # only: the client SDK does not patch its host's pamqp.
 shortstr.install()
 
-RunJob = Callable[[Job, float, JobTrace | None], Awaitable[JobResult]]
+RunJob = Callable[[Job, float, JobTrace | None, Admit | None], Awaitable[JobResult]]
 CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 """The job queue's `x-consumer-timeout` (RabbitMQ 3.12 and later): a week. The broker's
 default (30 minutes, node-wide) would close the channel of a worker whose job runs longer
@@ -304,8 +304,12 @@ class Consumer:
             request_id_var.set(job.request_id)
             if trace is not None:
                 describe_job(trace, job, self._model_name)
-            await self._check_deliveries(message, job.request_id)
-            result = await self._run_job(job, received_at, trace)
+            request_id = job.request_id
+            # checked once the job holds its lease, after a finished stream (a duplicate)
+            # was acknowledged: the error entry then goes through that lease
+            result = await self._run_job(
+                job, received_at, trace, lambda: self._check_deliveries(message, request_id)
+            )
         except Exception as exc:
             outcome = outcome_of(exc)
             error = outcome.error
@@ -342,7 +346,9 @@ class Consumer:
         )
 
     async def _check_deliveries(self, message: AbstractIncomingMessage, request_id: str) -> None:
-        """A message delivered more than WORKER_DELIVERY_LIMIT times is not run again.
+        """A message delivered more than WORKER_DELIVERY_LIMIT times is not run again
+        (called by the runner once the job holds its lease and its stream is unfinished:
+        a copy of a finished job is acknowledged before it is counted).
         Quorum queues count earlier deliveries in `x-delivery-count`; for classic queues
         the worker counts the request's redeliveries in Redis (a redelivered message only
         says it was). A first delivery is never counted: an extra copy of a job (a

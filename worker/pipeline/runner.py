@@ -30,6 +30,9 @@ from worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamState, Stream
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Admit = Callable[[], Awaitable[None]]
+"""Run when a job holds its lease and its stream has no terminal entry; raises a
+`WorkerError` (e.g. `DeliveryLimitExceeded`) to end the job instead of running it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +97,17 @@ class JobRunner:
 
     # -- jobs -------------------------------------------------------------------------
 
-    async def run(self, job: Job, received_at: float, trace: JobTrace | None = None) -> JobResult:
+    async def run(
+        self,
+        job: Job,
+        received_at: float,
+        trace: JobTrace | None = None,
+        admit: Admit | None = None,
+    ) -> JobResult:
         """Run one job to its terminal entry. Raises a `WorkerError` whose action says
-        what becomes of the message, or a Redis error (retry later)."""
+        what becomes of the message, or a Redis error (retry later). `admit` (the
+        consumer's delivery limit) runs once the job holds its lease and its stream is
+        found unfinished; what it raises ends the job through that lease."""
         request_id = job.request_id
         # Copies of one request in hand here (a producer's retries, redeliveries) run one
         # at a time: every waiting copy wakes when the running one ends, and the first to
@@ -107,7 +118,7 @@ class JobRunner:
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._active[request_id] = finished
         try:
-            return await self._run(job, received_at, trace)
+            return await self._run(job, received_at, trace, admit)
         finally:
             self._cancel_requested.discard(request_id)
             del self._active[request_id]
@@ -128,7 +139,9 @@ class JobRunner:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
 
-    async def _run(self, job: Job, received_at: float, trace: JobTrace | None) -> JobResult:
+    async def _run(
+        self, job: Job, received_at: float, trace: JobTrace | None, admit: Admit | None
+    ) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
         token = self._leases.new_token()
         stream = await self._leases.take(
@@ -138,7 +151,7 @@ class JobRunner:
             lambda: self._stopping,
         )
         try:
-            return await self._run_leased(job, key, stream, received_at, trace)
+            return await self._run_leased(job, key, stream, received_at, trace, admit)
         except WorkerError as exc:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
@@ -151,10 +164,20 @@ class JobRunner:
                 await self._leases.release(leases)
 
     async def _run_leased(
-        self, job: Job, key: str, stream: StreamState, received_at: float, trace: JobTrace | None
+        self,
+        job: Job,
+        key: str,
+        stream: StreamState,
+        received_at: float,
+        trace: JobTrace | None,
+        admit: Admit | None,
     ) -> JobResult:
         if stream.terminal:
             return JobResult(None)
+        if admit is not None:
+            # under the lease: a job refused here (delivered too often) ends its stream
+            # through this lease, never against the stale one of a worker that died on it
+            await admit()
         prepared = await self._intake.prepare(job)
         if trace is not None:
             trace_intake(trace, prepared)
