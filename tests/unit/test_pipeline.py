@@ -603,3 +603,59 @@ async def test_a_job_refused_at_admission_ends_its_stream_through_its_own_lease(
     assert again.terminal is None  # a duplicate of a finished job: acknowledged
     assert asked == ["p1"]
     assert pipeline.looper.submitted == []
+
+
+class HeldStore(StreamStore):
+    """The real store, except that a batch ending a stream, once Redis has stored it,
+    waits to be let go before its reply reaches the pump: as under load, when the event
+    loop runs other tasks (the lease keeper's) between the two."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def write(self, batch: WriteBatch) -> dict[str, str]:
+        refused = await super().write(batch)
+        if batch.ended:
+            self.stored.set()
+            await self.go.wait()
+        return refused
+
+
+async def test_a_renewal_racing_the_final_write_leaves_the_finished_job_alone(
+    services: ServiceUrls, redis: aioredis.Redis, prefix: str
+) -> None:
+    """The final write releases the lease with the terminal entry; a renewal that runs
+    after it in Redis, and whose reply the event loop handles before the write's, finds
+    the lease gone. The job finished: it is not handed back (before the fix it was, and
+    its already finished message went back to the queue)."""
+    store = HeldStore(redis_client(services.redis, client_name="test"), ttl_s=60, lease_ttl_s=1.0)
+    made = Pipeline(store, prefix)
+    pump = asyncio.create_task(made.pump.run())
+    try:
+        run = asyncio.create_task(made.runner.run(job("race", parameters={"max_new_tokens": 2}), 0))
+        request = await made.submitted()
+        made.pump.on_outputs([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
+        await store.stored.wait()  # the terminal entry is stored and the lease released
+        await made.leases.renew(made.pump.drop_lost_lease)  # what the lease keeper does
+        store.go.set()
+        result = await asyncio.wait_for(run, 5)
+        assert result.terminal is not None
+        assert result.terminal.fields["finish_reason"] == "length"
+        assert made.looper.cancelled == []
+        assert len(made.leases) == 0
+        assert len(made.pump) == 0
+        assert [e["event"] for e in await entries(redis, prefix + "race")] == [
+            "token",
+            "token",
+            "done",
+        ]
+    finally:
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        await store.close()
+        keys = [k async for k in redis.scan_iter(match=f"*{prefix}*")]
+        if keys:
+            await redis.delete(*keys)

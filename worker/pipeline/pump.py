@@ -50,6 +50,9 @@ class OutputPump:
         self._inbox_ready = asyncio.Event()
         self._last_tokens_at: float | None = None  # while requests run
         self._background: set[asyncio.Task[None]] = set()
+        self._ending: frozenset[str] = frozenset()
+        """The streams whose terminal entry the write in flight stores: that write
+        releases their lease, so a renewal meanwhile finds it gone."""
         self.looper: Looper | None = None
         self.redis_healthy = True
 
@@ -93,7 +96,12 @@ class OutputPump:
         self._metrics.in_flight.set(len(self._running))
 
     def drop_lost_lease(self, key: str) -> None:
-        """Drop the running request whose stream is `key`: its lease was found lost."""
+        """Drop the running request whose stream is `key`: its lease was found lost.
+        Not one whose terminal entry is being written: that write released the lease
+        (a renewal that ran after it in Redis finds it gone), and its reply decides:
+        stored, the job ended; refused by the fence, `_fail_refused` hands it back."""
+        if key in self._ending:
+            return
         state = next((s for s in self._running.values() if s.key == key), None)
         if state is not None:
             log.warning("lease lost; handing the job back", extra=about(state.request_id))
@@ -156,6 +164,13 @@ class OutputPump:
         """Write the batch, retrying while Redis is unreachable. The batch and what the
         engine delivers meanwhile are the buffer; when it holds more than
         WORKER_REDIS_BUFFER_ENTRIES, every running job is handed back (None)."""
+        self._ending = frozenset(state.key for state, _ in batch.finished)
+        try:
+            return await self._write_batch(batch)
+        finally:
+            self._ending = frozenset()
+
+    async def _write_batch(self, batch: ProcessedBatch) -> dict[str, str] | None:
         delay = 0.05
         while True:
             started = time.perf_counter()
