@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import subprocess
 import time
 import uuid
@@ -204,6 +205,19 @@ async def test_a_wrong_sentinel_password_is_one_clear_line(
     assert f"Sentinels {sentinel_setup.sentinels}" in out
 
 
+def wait_listening(port: int, within_s: float = 10) -> None:
+    """Until the port accepts a TCP connection (a process offers no event to wait on)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 @pytest.fixture
 def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int, int]]:
     """A master and a Sentinel that speak only TLS and require client certificates
@@ -236,6 +250,10 @@ def tls_sentinel_setup(certificates: Path, tmp_path: Path) -> Iterator[tuple[int
         )
         subprocess.run(["redis-server", str(config), "--sentinel"], check=True)
         started.append(sentinel)
+        # daemonized: the servers may not listen yet when redis-server returns (Redis 8's
+        # Sentinel was seen refusing the first connection)
+        for port in (master, sentinel):
+            wait_listening(port)
         yield master, sentinel
     finally:
         for port in started:
