@@ -24,7 +24,7 @@ FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md uv.lock ./
 COPY tools/uv-requirements.txt tools/image_requirements.py ./tools/
-COPY worker ./worker
+COPY trtllm_worker ./trtllm_worker
 RUN pip install --no-cache-dir --require-hashes -r tools/uv-requirements.txt \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && uv export --frozen --no-emit-project --extra uvloop --extra otel --extra image \

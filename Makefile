@@ -47,8 +47,8 @@ run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine
 	$(BIN)/trtllm-worker serve
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check worker tests bench tools
-	$(BIN)/ruff format --check worker tests bench tools
+	$(BIN)/ruff check trtllm_worker tests bench tools
+	$(BIN)/ruff format --check trtllm_worker tests bench tools
 	$(BIN)/lint-imports  # the layers of pyproject.toml: imports point down
 
 typecheck: $(DEV_STAMP)

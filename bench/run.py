@@ -243,7 +243,9 @@ def start_worker(
         env["PYTHONPATH"] = str(scenario.source)
         cwd = scenario.source
     log = open(RESULTS / f"{scenario.name}.worker.log", "wb")  # noqa: SIM115 (lives with the process)
-    return subprocess.Popen([sys.executable, "-m", "worker", "serve"], env=env, stderr=log, cwd=cwd)
+    return subprocess.Popen(
+        [sys.executable, "-m", "trtllm_worker", "serve"], env=env, stderr=log, cwd=cwd
+    )
 
 
 @contextlib.contextmanager

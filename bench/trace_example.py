@@ -24,8 +24,8 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.otlp import Collected, ReceivedSpan, http_receiver
-from worker.client import Client
-from worker.config import Settings
+from trtllm_worker.client import Client
+from trtllm_worker.config import Settings
 
 RESULTS = Path(__file__).parent / "results"
 AMQP_URL = os.environ.get("WORKER_TEST_AMQP_URL", "amqp://guest:guest@localhost:5672/")
@@ -74,7 +74,7 @@ async def main() -> None:
             OTEL_BSP_SCHEDULE_DELAY="100",
         )
         worker = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "worker", "serve", env=env, stderr=subprocess.PIPE
+            sys.executable, "-m", "trtllm_worker", "serve", env=env, stderr=subprocess.PIPE
         )
         assert worker.stderr is not None
         while b"ready:" not in (line := await worker.stderr.readline()):

@@ -14,8 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.real_tokenizers import sentencepiece_folder, tekken_folder
 from tests.services import ServiceUrls, service_urls
-from worker.config import Settings
-from worker.tokenizer import builtin_byte_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.tokenizer import builtin_byte_tokenizer
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",

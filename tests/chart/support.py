@@ -13,7 +13,7 @@ from typing import Any, cast
 import helm_python
 import yaml
 
-from worker.config import Settings
+from trtllm_worker.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = ROOT / "helm" / "trtllm-worker"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tests.chart.support import DASHBOARD
-from worker.engine.base import EngineStats
-from worker.ops.engine_stats import EngineStatsCollector
-from worker.ops.metrics import Metrics
+from trtllm_worker.engine.base import EngineStats
+from trtllm_worker.ops.engine_stats import EngineStatsCollector
+from trtllm_worker.ops.metrics import Metrics
 
 Panel = dict[str, Any]
 

@@ -184,7 +184,7 @@ def test_dockerignore_lets_in_only_the_package() -> None:
     assert allowed == {
         "pyproject.toml",
         "README.md",
-        "worker",
+        "trtllm_worker",
         "uv.lock",
         "tools/uv-requirements.txt",
         "tools/image_requirements.py",

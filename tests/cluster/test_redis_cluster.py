@@ -16,9 +16,9 @@ from redis.crc import key_slot
 
 from tests.cluster.conftest import LocalCluster, read_stream, redis_cli
 from tests.integration.conftest import Producer, Spawn, WorkerFactory
-from worker.client import Client
-from worker.config import Settings
-from worker.contract.stream import Fields, lease_key
+from trtllm_worker.client import Client
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.stream import Fields, lease_key
 
 pytestmark = pytest.mark.cluster
 
@@ -150,7 +150,7 @@ async def test_check_finds_the_cluster(
     make_settings: Callable[..., Settings],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from worker.ops.check import Report, _check_redis
+    from trtllm_worker.ops.check import Report, _check_redis
 
     report = Report()
     await _check_redis(make_settings(redis_url=redis_cluster.url), report)
@@ -162,8 +162,8 @@ async def test_check_finds_the_cluster(
 def test_a_stream_prefix_with_braces_is_refused() -> None:
     """Braces in the prefix would make it the hash tag and put every request's keys in
     one slot, or split a request's keys from its stream's slot."""
-    from worker.config import load_settings
-    from worker.contract.errors import ConfigError
+    from trtllm_worker.config import load_settings
+    from trtllm_worker.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match="WORKER_STREAM_PREFIX"):
         load_settings(stream_prefix="{gen}:")
@@ -172,8 +172,8 @@ def test_a_stream_prefix_with_braces_is_refused() -> None:
 async def test_min_replicas_is_refused_on_a_cluster(cluster_client: RedisCluster) -> None:
     """WAIT would have to go to every node a batch wrote to: not supported yet, and
     refused rather than ignored."""
-    from worker.contract.errors import ConfigError
-    from worker.streams.store import StreamStore
+    from trtllm_worker.contract.errors import ConfigError
+    from trtllm_worker.streams.store import StreamStore
 
     with pytest.raises(ConfigError, match="WORKER_REDIS_MIN_REPLICAS"):
         StreamStore(cluster_client, ttl_s=60, min_replicas=1)
@@ -186,8 +186,8 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     stale (a slot moved since), the node answers MOVED and the batch goes again through
     redis-py's cluster pipeline, which follows it. The batch lands on the slot's new
     node, and the client's map is corrected."""
-    from worker.streams.connect import connect_redis
-    from worker.streams.store import StreamStore, WriteBatch
+    from trtllm_worker.streams.connect import connect_redis
+    from trtllm_worker.streams.store import StreamStore, WriteBatch
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)
@@ -236,8 +236,8 @@ async def test_a_batch_is_one_call_per_node(
     """A step of many streams, each in a slot of its own, goes to each master as one
     script call (one per stream would cost a reply and a script run per stream), and
     every entry lands in its stream, in order, with its lease honoured."""
-    from worker.streams.connect import connect_redis
-    from worker.streams.store import StreamStore, WriteBatch
+    from trtllm_worker.streams.connect import connect_redis
+    from trtllm_worker.streams.store import StreamStore, WriteBatch
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from tests.doubles import FakeGpu, install_tensorrt_llm
-from worker.config import Settings
-from worker.engine.base import Engine, EngineOutput, EngineRequest
-from worker.engine.echo import EchoEngine
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest
+from trtllm_worker.engine.echo import EchoEngine
+from trtllm_worker.tokenizer import load_tokenizer
 
 POISON = FakeGpu.POISON_TOKEN
 EngineFactory = Callable[..., Engine]
@@ -25,7 +25,7 @@ EngineFactory = Callable[..., Engine]
 def install_double(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     """The double installed as `tensorrt_llm`; adapter modules re-imported against it."""
     fake = install_tensorrt_llm(monkeypatch)
-    for name in ("worker.engine.trtllm", "worker.engine.trtllm_executor"):
+    for name in ("trtllm_worker.engine.trtllm", "trtllm_worker.engine.trtllm_executor"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     return fake
 
@@ -55,10 +55,10 @@ def trtllm_settings(tmp_path: Path, engine: str, **overrides: Any) -> Settings:
 def create_trtllm(settings: Settings) -> Engine:
     tokenizer = load_tokenizer(None, None)
     if settings.engine == "trtllm":
-        from worker.engine import trtllm
+        from trtllm_worker.engine import trtllm
 
         return trtllm.create(settings, tokenizer)
-    from worker.engine import trtllm_executor
+    from trtllm_worker.engine import trtllm_executor
 
     return trtllm_executor.create(settings, tokenizer)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from tests.engines.conftest import POISON, EngineFactory, collect, drive, tokens_of
-from worker.engine.base import EngineOutput, EngineRequest, FinishReason
+from trtllm_worker.engine.base import EngineOutput, EngineRequest, FinishReason
 
 EOS = 2
 

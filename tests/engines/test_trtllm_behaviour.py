@@ -12,8 +12,8 @@ import pytest
 
 from tests.doubles import FakeGpu
 from tests.engines.conftest import collect, create_trtllm, drive, tokens_of, trtllm_settings
-from worker.contract.errors import ConfigError
-from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
 
 KINDS = ["trtllm", "trtllm-executor"]
 
@@ -179,7 +179,7 @@ def test_shutdown_leaves_no_task_pending_on_the_private_loop(tmp_path: Path, gpu
     pending!'), a warning that surfaced in a later test of the suite (CI)."""
     import asyncio
 
-    from worker.engine.trtllm import LlmApiEngine
+    from trtllm_worker.engine.trtllm import LlmApiEngine
 
     engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
     assert isinstance(engine, LlmApiEngine)

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-import worker.engine
+import trtllm_worker.engine
 from tests.doubles import FakeGpu
 from tests.engines.conftest import create_trtllm, drive, trtllm_settings
-from worker.config import Settings
-from worker.contract.errors import ConfigError
-from worker.engine import engine_factory
-from worker.engine.base import Engine, EngineRequest, Guide, Sampling
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.engine import engine_factory
+from trtllm_worker.engine.base import Engine, EngineRequest, Guide, Sampling
+from trtllm_worker.tokenizer import load_tokenizer
 
 FULL = Sampling(
     do_sample=True,
@@ -263,8 +263,8 @@ def test_choosing_tensorrt_llm_where_it_is_absent_says_what_to_install(
 ) -> None:
     # forget adapters an earlier test imported against the double
     for name in ("trtllm", "trtllm_executor"):
-        monkeypatch.delitem(sys.modules, f"worker.engine.{name}", raising=False)
-        monkeypatch.delattr(worker.engine, name, raising=False)
+        monkeypatch.delitem(sys.modules, f"trtllm_worker.engine.{name}", raising=False)
+        monkeypatch.delattr(trtllm_worker.engine, name, raising=False)
     settings = trtllm_settings(tmp_path, engine)
     with pytest.raises(ConfigError) as caught:
         engine_factory(settings, load_tokenizer(None, None))

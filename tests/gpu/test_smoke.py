@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import Settings
-from worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
-from worker.pipeline.output import OutputProcessor, RequestState
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
+from trtllm_worker.pipeline.output import OutputProcessor, RequestState
+from trtllm_worker.tokenizer import load_tokenizer
 
 MODEL = os.environ.get("WORKER_GPU_TEST_MODEL")
 
@@ -42,7 +42,7 @@ def run_to_end(engine: Engine, ids: set[int], limit_s: float) -> dict[int, list[
 
 @pytest.mark.timeout(900)
 def test_llm_api_generates_and_cancels() -> None:
-    from worker.engine import trtllm
+    from trtllm_worker.engine import trtllm
 
     assert MODEL is not None
     settings = Settings(_env_file=None, engine="trtllm", model=Path(MODEL), max_batch=8)
@@ -107,7 +107,7 @@ def test_llm_api_cancel_of_a_queued_request_ends_it() -> None:
     """The engine holds one request at a time (max_batch_size 1 through the settings):
     the second is queued inside TensorRT-LLM, which drops a cancelled queued request
     without a word in 1.2. The adapter must still end it, cancelled, without tokens."""
-    from worker.engine import trtllm
+    from trtllm_worker.engine import trtllm
 
     assert MODEL is not None
     settings = Settings(
@@ -143,7 +143,7 @@ def test_llm_api_cancel_of_a_queued_request_ends_it() -> None:
 def test_llm_api_seed_reproduces_a_sampled_continuation() -> None:
     """With the default sampler (TRTLLMSampler) the same seed gives the same sampled
     tokens, and another seed (almost surely) others: the seed is honoured."""
-    from worker.engine import trtllm
+    from trtllm_worker.engine import trtllm
 
     assert MODEL is not None
     settings = Settings(_env_file=None, engine="trtllm", model=Path(MODEL), max_batch=4)

@@ -21,8 +21,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.services import ServiceUrls
-from worker.config import Settings
-from worker.service import Service
+from trtllm_worker.config import Settings
+from trtllm_worker.service import Service
 
 Entry = dict[str, str]
 TERMINAL = ("done", "error")
@@ -270,7 +270,7 @@ async def spawn(
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "worker",
+            "trtllm_worker",
             "serve",
             env=environment,
             cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""Batched acknowledgements (worker/broker/settle.py `AckBatcher`) on the real broker:
+"""Batched acknowledgements (trtllm_worker/broker/settle.py `AckBatcher`) on the real broker:
 every settled message is acknowledged, and a job still running at the front of a
 channel's deliveries does not hold the prefetch window of those behind it."""
 
@@ -10,7 +10,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from tests.services import ServiceUrls
-from worker.broker.settle import AckBatcher
+from trtllm_worker.broker.settle import AckBatcher
 
 PREFETCH = 3
 

@@ -1,4 +1,4 @@
-"""The CLI as users run it: `python -m worker …` in a subprocess, with WORKER_* settings
+"""The CLI as users run it: `python -m trtllm_worker …` in a subprocess, with WORKER_* settings
 pointing at this test's queue and prefix, against the real services and a running worker."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
 from tests.services import ServiceUrls
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.tokenizer import load_tokenizer
 
 UNREACHABLE_AMQP = "amqp://guest:s3cret-pw@127.0.0.1:1/"
 UNREACHABLE_REDIS = "redis://:s3cret-pw@127.0.0.1:1/0"
@@ -40,7 +40,7 @@ class Result:
 
 
 class Cli:
-    """Runs `python -m worker` with this test's settings."""
+    """Runs `python -m trtllm_worker` with this test's settings."""
 
     def __init__(self, services: ServiceUrls, names: dict[str, str], cwd: Path) -> None:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
@@ -56,7 +56,7 @@ class Cli:
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "worker",
+            "trtllm_worker",
             *args,
             env={**self.env, **env},
             cwd=self.cwd,
@@ -159,7 +159,7 @@ async def test_submit_reads_the_prompt_from_stdin(run_worker: WorkerFactory, cli
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "worker",
+            "trtllm_worker",
             "submit",
             "-",
             "-p",

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
-from worker.client import (
+from trtllm_worker.client import (
     Client,
     DeadLetter,
     DoneEvent,
@@ -30,8 +30,8 @@ from worker.client import (
     SyncClient,
     TokenEvent,
 )
-from worker.config import Settings
-from worker.contract.job import JobLimits, parse_job
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.job import JobLimits, parse_job
 
 
 def rid() -> str:

@@ -10,9 +10,9 @@ import redis.asyncio as aioredis
 
 from tests.integration.conftest import Producer, Spawn, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import echo, wait_until
-from worker.config import Settings
-from worker.streams.connect import redis_client
-from worker.streams.store import StreamStore
+from trtllm_worker.config import Settings
+from trtllm_worker.streams.connect import redis_client
+from trtllm_worker.streams.store import StreamStore
 
 
 def rid() -> str:

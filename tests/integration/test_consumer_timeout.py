@@ -49,7 +49,7 @@ async def test_a_job_longer_than_the_consumer_timeout_ends_once(
     url = f"amqp://guest:guest@127.0.0.1:{short_timeout_broker.port}/"
     request_id = f"long-{uuid.uuid4().hex[:8]}"
     steps = 60  # 60 tokens at 100 ms: 6 s, three times the broker's timeout
-    caplog.set_level(logging.WARNING, logger="worker.broker.consumer")
+    caplog.set_level(logging.WARNING, logger="trtllm_worker.broker.consumer")
     connection = await aio_pika.connect(url)
     async with connection:
         broker = version(connection)

@@ -221,7 +221,7 @@ async def test_copies_of_one_job_in_hand_at_once_run_once(
     """Twelve copies of one request on one worker (a producer's retries): one runs, the
     others are acknowledged once its terminal entry is stored, none is retried or
     dead-lettered, and every message is settled before the worker stops."""
-    caplog.set_level(logging.INFO, logger="worker")
+    caplog.set_level(logging.INFO, logger="trtllm_worker")
     request_id = rid()
     job = {"request_id": request_id, "inputs": "ab", "parameters": {"max_new_tokens": 20}}
     async with run_worker(echo_step_ms=5) as service:

@@ -10,8 +10,8 @@ import aio_pika
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
-from worker.contract.job import MAX_BODY_BYTES
-from worker.contract.stream import deliveries_key
+from trtllm_worker.contract.job import MAX_BODY_BYTES
+from trtllm_worker.contract.stream import deliveries_key
 
 
 def rid() -> str:

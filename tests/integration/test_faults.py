@@ -25,7 +25,7 @@ from tests.integration.conftest import (
     xread,
 )
 from tests.services import ServiceUrls
-from worker.contract.stream import lease_key
+from trtllm_worker.contract.stream import lease_key
 
 
 def rid() -> str:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.conftest import Producer, Spawn, Subscriber, xread
-from worker.contract.job import MAX_BODY_BYTES, valid_request_id
+from trtllm_worker.contract.job import MAX_BODY_BYTES, valid_request_id
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
 

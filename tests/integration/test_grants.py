@@ -38,7 +38,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_faults import assert_exact, wait_for_entries
 from tests.services import ServiceUrls
-from worker.streams.connect import QUIET_HANDSHAKE
+from trtllm_worker.streams.connect import QUIET_HANDSHAKE
 
 ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin")
 ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin")
@@ -60,7 +60,7 @@ def acl_json(names: dict[str, str], **env: str) -> dict[str, Any]:
     environment.update(WORKER_QUEUE=names["queue"], WORKER_STREAM_PREFIX=names["stream_prefix"])
     environment.update(env)
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "acl", "--json"],
+        [sys.executable, "-m", "trtllm_worker", "acl", "--json"],
         env=environment,
         capture_output=True,
         text=True,
@@ -376,7 +376,7 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
         **worker_urls(granted),
     )  # fmt: skip
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker", "check", env=env, cwd=tmp_path,
+        sys.executable, "-m", "trtllm_worker", "check", env=env, cwd=tmp_path,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(process.communicate(), 60)
@@ -415,7 +415,7 @@ async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
     )
     assert re.search(f"RabbitMQ refused: {refusal}", worker.log()), worker.log()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker", "check", env=env, cwd=tmp_path,
+        sys.executable, "-m", "trtllm_worker", "check", env=env, cwd=tmp_path,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 60)
@@ -456,7 +456,7 @@ async def cli(granted: Granted, names: dict[str, str], role: str, *args: str) ->
         WORKER_AMQP_URL=granted.amqp_url(role), WORKER_REDIS_URL=granted.redis_url(role),
     )  # fmt: skip
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker", *args, env=env,
+        sys.executable, "-m", "trtllm_worker", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     out, _ = await asyncio.wait_for(process.communicate(), 60)
@@ -526,7 +526,7 @@ async def test_a_classic_queue_under_the_grants(
 def test_acl_refuses_a_prefix_an_acl_pattern_cannot_hold(names: dict[str, str]) -> None:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "acl"],
+        [sys.executable, "-m", "trtllm_worker", "acl"],
         env={**environment, "WORKER_STREAM_PREFIX": "my app:"},
         capture_output=True,
         text=True,

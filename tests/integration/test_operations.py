@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
-from worker.config import Settings
-from worker.engine.base import Engine, EngineLimits, EngineOutput, EngineStats
-from worker.engine.echo import EchoEngine
+from trtllm_worker.config import Settings
+from trtllm_worker.engine.base import Engine, EngineLimits, EngineOutput, EngineStats
+from trtllm_worker.engine.echo import EchoEngine
 
 README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
 
@@ -180,7 +180,7 @@ async def test_engine_death_hands_jobs_back_and_turns_unready(
 
         return create
 
-    monkeypatch.setattr("worker.service.engine_factory", factory)
+    monkeypatch.setattr("trtllm_worker.service.engine_factory", factory)
     ids = [rid(), rid()]
     async with run_worker() as service:
         for request_id in ids:

@@ -1,4 +1,4 @@
-"""The worker as operators run it: `python -m worker`, stopped by SIGTERM."""
+"""The worker as operators run it: `python -m trtllm_worker`, stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from tests.integration.conftest import (
     worker_env,
 )
 from tests.services import ServiceUrls
-from worker.contract.errors import ConfigError
-from worker.service import event_loop_factory
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.service import event_loop_factory
 
 
 def rid() -> str:
@@ -48,7 +48,7 @@ async def worker_process(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "trtllm_worker",
         "serve",
         env=worker_env(services, names, WORKER_ECHO_STEP_MS="10", WORKER_DRAIN_TIMEOUT_S="1.5"),
         cwd=tmp_path,
@@ -99,7 +99,7 @@ async def test_unreachable_broker_is_one_line_and_nonzero(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "trtllm_worker",
         env=env,
         cwd=tmp_path,
         stderr=asyncio.subprocess.PIPE,
@@ -132,7 +132,7 @@ async def test_passwords_never_reach_the_logs(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "worker",
+        "trtllm_worker",
         env=env,
         cwd=tmp_path,
         stderr=asyncio.subprocess.PIPE,

@@ -23,7 +23,7 @@ from tests.integration.test_cli import Cli, no_traceback
 from tests.integration.test_faults import free_port
 from tests.otlp import Collected, http_receiver
 from tests.services import ServiceUrls
-from worker.client import Client, QueueMissing, ServiceUnavailable
+from trtllm_worker.client import Client, QueueMissing, ServiceUnavailable
 
 SECRET = "qu3ry-s3cret"
 """The Redis password, given in the URL's query string."""

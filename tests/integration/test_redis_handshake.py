@@ -13,9 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.services import ServiceUrls
-from worker.client import Client
-from worker.ops.grants import CONNECTION_COMMANDS
-from worker.streams.connect import connect_redis
+from trtllm_worker.client import Client
+from trtllm_worker.ops.grants import CONNECTION_COMMANDS
+from trtllm_worker.streams.connect import connect_redis
 
 
 class RecordingProxy:

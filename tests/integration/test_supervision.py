@@ -15,11 +15,11 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import http_is
-from worker.broker.cancel import CancelListener
-from worker.ops.log import JsonFormatter, RequestIdFilter
-from worker.pipeline.leases import Leases
-from worker.pipeline.output import OutputProcessor
-from worker.service import EXIT_TASK_DIED
+from trtllm_worker.broker.cancel import CancelListener
+from trtllm_worker.ops.log import JsonFormatter, RequestIdFilter
+from trtllm_worker.pipeline.leases import Leases
+from trtllm_worker.pipeline.output import OutputProcessor
+from trtllm_worker.service import EXIT_TASK_DIED
 
 DIED_WITHIN_S = 10
 
@@ -116,7 +116,11 @@ async def test_json_log_lines_about_a_job_carry_its_request_id(
     for line in json_log.lines:  # a line that names a job is tagged with it
         named = {i for i in ids if i in line["message"]}
         assert named <= {line.get("request_id")}, line
-    job_loggers = {"worker.broker.consumer", "worker.broker.settle", "worker.broker.cancel"}
+    job_loggers = {
+        "trtllm_worker.broker.consumer",
+        "trtllm_worker.broker.settle",
+        "trtllm_worker.broker.cancel",
+    }
     outcome_lines = [
         line
         for line in json_log.lines

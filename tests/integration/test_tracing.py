@@ -22,8 +22,8 @@ import pytest
 from tests.integration.conftest import Producer, Spawn, Subscriber, terminal, tokens
 from tests.integration.test_faults import wait_for_entries
 from tests.otlp import Collected, ReceivedSpan, grpc_receiver, http_receiver
-from worker.client import Client
-from worker.config import Settings
+from trtllm_worker.client import Client
+from trtllm_worker.config import Settings
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}  # the batch processor's delay, ms
@@ -261,13 +261,14 @@ def test_without_the_variables_opentelemetry_is_never_imported() -> None:
         "import redis.asyncio, aio_pika\n"
         "def loaded(): return {m for m in sys.modules if m.startswith('opentelemetry')}\n"
         "baseline = loaded()\n"
-        "import worker.service, worker.broker.consumer, worker.pipeline.runner\n"
-        "from worker.ops.tracing import start_tracing\n"
+        "import trtllm_worker.service, trtllm_worker.broker.consumer\n"
+        "import trtllm_worker.pipeline.runner\n"
+        "from trtllm_worker.ops.tracing import start_tracing\n"
         "url = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://h:4318'}\n"
         "for env in ({'OTEL_SERVICE_NAME': 'x'}, {**url, 'OTEL_SDK_DISABLED': 'true'},\n"
         "            {**url, 'OTEL_TRACES_EXPORTER': 'none'}):\n"
         "    assert asyncio.run(start_tracing(env, instance_id='i')) is None\n"
-        "print(sorted(loaded() - baseline), 'worker.ops.otel' in sys.modules)\n"
+        "print(sorted(loaded() - baseline), 'trtllm_worker.ops.otel' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     result = subprocess.run(

@@ -15,8 +15,8 @@ import pytest
 from tests.doubles import FakeGpu
 from tests.engines.conftest import install_double
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
-from worker.contract.errors import ConfigError
-from worker.tokenizer import builtin_byte_tokenizer
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.tokenizer import builtin_byte_tokenizer
 
 
 def rid() -> str:

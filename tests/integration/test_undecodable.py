@@ -16,7 +16,7 @@ from pamqp import commands
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
 from tests.raw_amqp import publish_raw
 from tests.services import ServiceUrls
-from worker.service import Service
+from trtllm_worker.service import Service
 
 BAD = b"\xff\xfe\xc3\x28"  # not UTF-8: two invalid start bytes, then a broken pair
 LOST = "broker connection lost"
@@ -70,7 +70,7 @@ async def test_undecodable_property_is_dead_lettered_on_the_same_connection(
         **bad_properties,
     }
     body = json.dumps({"request_id": bad, "inputs": "hi"}).encode()
-    caplog.set_level(logging.WARNING, logger="worker.broker.consumer")
+    caplog.set_level(logging.WARNING, logger="trtllm_worker.broker.consumer")
     async with run_worker(echo_step_ms=10) as service:
         link = amqp_link(service)
         # a job in flight when the bad message comes: it is not handed back
@@ -135,7 +135,7 @@ async def test_cancel_with_undecodable_strings_keeps_every_connection(
     ignores the routing key, so the broker delivers it to every worker) is honoured for
     its valid body; a later valid cancel still works."""
     first, second = rid(), rid()
-    caplog.set_level(logging.WARNING, logger="worker.broker.consumer")
+    caplog.set_level(logging.WARNING, logger="trtllm_worker.broker.consumer")
     async with run_worker(echo_step_ms=10) as service:
         link = amqp_link(service)
         for request_id in (first, second):

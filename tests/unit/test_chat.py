@@ -12,12 +12,12 @@ import jinja2
 import pytest
 
 from tests.real_tokenizers import hf_tokenizer, template
-from worker.config import Settings
-from worker.contract.errors import ConfigError, InvalidJob
-from worker.contract.job import Job
-from worker.pipeline.chat import check_template, compile_template, render_chat
-from worker.pipeline.intake import prepare_input
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import ConfigError, InvalidJob
+from trtllm_worker.contract.job import Job
+from trtllm_worker.pipeline.chat import check_template, compile_template, render_chat
+from trtllm_worker.pipeline.intake import prepare_input
+from trtllm_worker.tokenizer import load_tokenizer
 
 TEMPLATES = ["llama-3.1", "qwen2.5", "mistral-7b-instruct-v0.2", "gemma-2", "phi-3.5"]
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from worker import __version__
-from worker.client import DeadLetter, DoneEvent
-from worker.client.cli import (
+from trtllm_worker import __version__
+from trtllm_worker.client import DeadLetter, DoneEvent
+from trtllm_worker.client.cli import (
     EXIT_CONFIG,
     EXIT_FAILED,
     UsageError,
@@ -20,7 +20,7 @@ from worker.client.cli import (
     parse_params,
     summary,
 )
-from worker.config import ENV_PREFIX
+from trtllm_worker.config import ENV_PREFIX
 
 
 @pytest.fixture(autouse=True)

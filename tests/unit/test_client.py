@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.client import (
+from trtllm_worker.client import (
     DoneEvent,
     ErrorEvent,
     InvalidJobError,
@@ -17,7 +17,7 @@ from worker.client import (
     parse_entry,
     validate_job,
 )
-from worker.contract.job import JobLimits, Parameters
+from trtllm_worker.contract.job import JobLimits, Parameters
 
 
 def test_token_entry() -> None:

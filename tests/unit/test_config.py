@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import pydantic
 import pytest
 
-import worker
-from worker.config import ENV_PREFIX, REDIS_MAX_TTL_S, Settings, load_settings, redact_url
-from worker.contract.errors import ConfigError
+import trtllm_worker
+from trtllm_worker.config import ENV_PREFIX, REDIS_MAX_TTL_S, Settings, load_settings, redact_url
+from trtllm_worker.contract.errors import ConfigError
 
 PASSWORD = "s3cr3t-Pa55"
 
@@ -446,11 +446,11 @@ def test_redact_url_hides_secret_query_parameters(url: str, expected: str) -> No
 )
 def test_command_exits_2_with_one_line(tmp_path: Path, variable: str, raw: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    source_root = str(Path(worker.__file__).resolve().parent.parent)
+    source_root = str(Path(trtllm_worker.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
     env[variable] = raw
     result = subprocess.run(
-        [sys.executable, "-m", "worker"],
+        [sys.executable, "-m", "trtllm_worker"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -489,7 +489,7 @@ def test_empty_variable_means_unset(
 
 
 def test_sentinel_addresses_and_amqp_url_lists_are_checked() -> None:
-    from worker.config import sentinel_addresses
+    from trtllm_worker.config import sentinel_addresses
 
     assert sentinel_addresses("a:1, b ,[::1]:26380") == [("a", 1), ("b", 26379), ("::1", 26380)]
     with pytest.raises(ConfigError, match="WORKER_REDIS_SENTINELS"):

@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from worker.pipeline.detokenize import PRIME_TOKENS, IncrementalDetokenizer, StopGate
+from trtllm_worker.pipeline.detokenize import PRIME_TOKENS, IncrementalDetokenizer, StopGate
 
 REPLACEMENT = "\ufffd"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.engine.base import EngineOutput, EngineRequest, FinishReason, Sampling
-from worker.engine.echo import EchoEngine
+from trtllm_worker.engine.base import EngineOutput, EngineRequest, FinishReason, Sampling
+from trtllm_worker.engine.echo import EchoEngine
 
 MAX_STEPS = 10_000
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from worker.config import Settings
-from worker.contract.errors import InvalidJob
-from worker.contract.job import Job, JsonGrammar, RegexGrammar
-from worker.pipeline import grammar as grammar_module
-from worker.pipeline.grammar import compile_grammar, compiler_name
-from worker.pipeline.intake import prepare_input
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import InvalidJob
+from trtllm_worker.contract.job import Job, JsonGrammar, RegexGrammar
+from trtllm_worker.pipeline import grammar as grammar_module
+from trtllm_worker.pipeline.grammar import compile_grammar, compiler_name
+from trtllm_worker.pipeline.intake import prepare_input
+from trtllm_worker.tokenizer import load_tokenizer
 
 SCHEMA = {
     "type": "object",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker.config import Settings
-from worker.ops.grants import as_text
+from trtllm_worker.config import Settings
+from trtllm_worker.ops.grants import as_text
 
 README = Path(__file__).parents[2] / "README.md"
 

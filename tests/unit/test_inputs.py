@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, processors
 
-from worker.config import ENV_PREFIX, Settings
-from worker.contract.errors import InputTooLong, InvalidJob
-from worker.contract.job import Job, JobLimits, parse_job
-from worker.engine.base import EngineLimits
-from worker.pipeline.intake import PreparedInput, prepare_input
-from worker.tokenizer import TokenizerInfo, builtin_byte_tokenizer, load_tokenizer
+from trtllm_worker.config import ENV_PREFIX, Settings
+from trtllm_worker.contract.errors import InputTooLong, InvalidJob
+from trtllm_worker.contract.job import Job, JobLimits, parse_job
+from trtllm_worker.engine.base import EngineLimits
+from trtllm_worker.pipeline.intake import PreparedInput, prepare_input
+from trtllm_worker.tokenizer import TokenizerInfo, builtin_byte_tokenizer, load_tokenizer
 
 REQUEST_ID = "req-1"
 

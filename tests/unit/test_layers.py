@@ -12,10 +12,10 @@ PROBE = """
 import json, logging, sys
 root = logging.getLogger()
 before = (root.level, list(root.handlers), logging.getLogger("aio_pika").level)
-import worker.client
+import trtllm_worker.client
 after = (root.level, list(root.handlers), logging.getLogger("aio_pika").level)
 print(json.dumps({
-    "modules": sorted(m for m in sys.modules if m.startswith("worker")),
+    "modules": sorted(m for m in sys.modules if m.startswith("trtllm_worker")),
     "prometheus": "prometheus_client" in sys.modules,
     "logging_unchanged": before == after,
 }))
@@ -33,12 +33,24 @@ def _probe() -> dict[str, object]:
 def test_importing_the_client_loads_no_worker_internals() -> None:
     modules = _probe()["modules"]
     assert isinstance(modules, list)
-    assert "worker.client.sdk" in modules  # the probe did import it
+    assert "trtllm_worker.client.sdk" in modules  # the probe did import it
     loaded = [
         m
         for m in modules
-        if m.startswith(("worker.pipeline", "worker.engine", "worker.ops", "worker.service"))
-        or m in ("worker.broker.consumer", "worker.broker.settle", "worker.broker.cancel")
+        if m.startswith(
+            (
+                "trtllm_worker.pipeline",
+                "trtllm_worker.engine",
+                "trtllm_worker.ops",
+                "trtllm_worker.service",
+            )
+        )
+        or m
+        in (
+            "trtllm_worker.broker.consumer",
+            "trtllm_worker.broker.settle",
+            "trtllm_worker.broker.cancel",
+        )
     ]
     assert loaded == []
 
@@ -50,15 +62,17 @@ def test_importing_the_client_touches_no_global_state() -> None:
 
 
 def test_importtime_shows_no_worker_internals() -> None:
-    """The issue's own check: `python -X importtime -c "import worker.client"`."""
+    """The issue's own check: `python -X importtime -c "import trtllm_worker.client"`."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import worker.client"],
+        [sys.executable, "-X", "importtime", "-c", "import trtllm_worker.client"],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
-    assert "worker.client.sdk" in imported
-    assert not {m for m in imported if m.startswith(("worker.pipeline", "worker.engine"))}
-    assert "worker.broker.consumer" not in imported
+    assert "trtllm_worker.client.sdk" in imported
+    assert not {
+        m for m in imported if m.startswith(("trtllm_worker.pipeline", "trtllm_worker.engine"))
+    }
+    assert "trtllm_worker.broker.consumer" not in imported

@@ -12,8 +12,8 @@ from typing import Protocol
 
 import pytest
 
-import worker.engine.looper
-from worker.engine.base import (
+import trtllm_worker.engine.looper
+from trtllm_worker.engine.base import (
     Engine,
     EngineLimits,
     EngineOutput,
@@ -21,8 +21,8 @@ from worker.engine.base import (
     EngineStats,
     FinishReason,
 )
-from worker.engine.echo import EchoEngine
-from worker.engine.looper import EngineStalled, Looper
+from trtllm_worker.engine.echo import EchoEngine
+from trtllm_worker.engine.looper import EngineStalled, Looper
 
 TIMEOUT_S = 5.0
 
@@ -325,7 +325,7 @@ async def test_engine_error_ends_the_looper_and_reports_it_once(
 async def test_idle_looper_never_calls_engine_wait_but_keeps_its_heartbeat(
     start_looper: StartLooper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(trtllm_worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
     sink = Sink()
     engine = RecordingEngine(EchoEngine(capacity=4, step_s=0))
     looper = start_looper(engine, sink)
@@ -347,8 +347,8 @@ async def test_idle_looper_never_calls_engine_wait_but_keeps_its_heartbeat(
 async def test_unconsumed_batches_hold_the_thread_back_until_consumed(
     start_looper: StartLooper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(worker.engine.looper, "MAX_UNCONSUMED_BATCHES", 2)
+    monkeypatch.setattr(trtllm_worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(trtllm_worker.engine.looper, "MAX_UNCONSUMED_BATCHES", 2)
     sink = Sink(auto_consume=False)
     looper = start_looper(EchoEngine(capacity=4, step_s=0), sink)
     looper.submit(EngineRequest(1, [1, 2, 3], max_new_tokens=10))
@@ -368,8 +368,8 @@ async def test_unconsumed_batches_hold_the_thread_back_until_consumed(
 async def test_stop_while_the_event_loop_is_not_consuming_still_stops(
     start_looper: StartLooper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(worker.engine.looper, "MAX_UNCONSUMED_BATCHES", 2)
+    monkeypatch.setattr(trtllm_worker.engine.looper, "IDLE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(trtllm_worker.engine.looper, "MAX_UNCONSUMED_BATCHES", 2)
     sink = Sink(auto_consume=False)  # as when the pump task was cancelled before stop()
     engine = RecordingEngine(EchoEngine(capacity=4, step_s=0))
     looper = start_looper(engine, sink)

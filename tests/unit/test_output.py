@@ -1,5 +1,5 @@
-"""OutputProcessor and RequestState (worker/pipeline/output.py): engine outputs → stream entries
-as CONTRACT.md "Token stream (Redis)" specifies them.
+"""OutputProcessor and RequestState (trtllm_worker/pipeline/output.py): engine outputs →
+stream entries as CONTRACT.md "Token stream (Redis)" specifies them.
 
 Expected texts come from the tokenizer's full decode, never from literals, except where
 the tokenizer is the byte tokenizer and the text is plain ASCII."""
@@ -12,9 +12,9 @@ from typing import cast
 import pytest
 from tokenizers import Tokenizer
 
-from worker.contract.stream import Fields, entry_id
-from worker.engine.base import EngineOutput, FinishReason
-from worker.pipeline.output import OutputProcessor, RequestState
+from trtllm_worker.contract.stream import Fields, entry_id
+from trtllm_worker.engine.base import EngineOutput, FinishReason
+from trtllm_worker.pipeline.output import OutputProcessor, RequestState
 
 TOKENIZERS = ["byte_tokenizer", "bpe_tokenizer"]
 PROMPT = "Hello"

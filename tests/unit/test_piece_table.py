@@ -1,4 +1,4 @@
-"""The detokenizer's table of whole pieces (worker/pipeline/detokenize.py `piece_table`)
+"""The detokenizer's table of whole pieces (trtllm_worker/pipeline/detokenize.py `piece_table`)
 gives, token by token, exactly the text `DecodeStream` gives: checked on the real
 checkpoints' tokenizers (Mistral 7B's SentencePiece with byte fallback, Mistral NeMo's
 Tekken) and the trained ones, over random ids (byte tokens, control tokens and all), with
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models
 
-from worker.pipeline.detokenize import IncrementalDetokenizer, piece_table
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.pipeline.detokenize import IncrementalDetokenizer, piece_table
+from trtllm_worker.tokenizer import load_tokenizer
 
 TOKENIZERS = ["byte_tokenizer", "bpe_tokenizer", "metaspace_tokenizer", "mistral", "nemo"]
 

@@ -14,27 +14,33 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.services import ServiceUrls
-from worker.broker.settle import Settler, outcome_of
-from worker.config import REDIS_MAX_TTL_S, Settings
-from worker.contract.errors import (
+from trtllm_worker.broker.settle import Settler, outcome_of
+from trtllm_worker.config import REDIS_MAX_TTL_S, Settings
+from trtllm_worker.contract.errors import (
     DeadlineExceeded,
     DeliveryLimitExceeded,
     HandBack,
     StreamUnusable,
 )
-from worker.contract.job import Job
-from worker.contract.stream import Fields, FinishReason, error_fields, lease_key
-from worker.engine.base import EngineOutput, EngineRequest
-from worker.engine.looper import Looper
-from worker.ops.metrics import Metrics
-from worker.pipeline.intake import Intake
-from worker.pipeline.leases import Leases
-from worker.pipeline.output import OutputProcessor, RequestState
-from worker.pipeline.pump import OutputPump
-from worker.pipeline.runner import JobRunner
-from worker.streams.connect import redis_client
-from worker.streams.store import AFTER_TAIL, ENTRIES_LOST_REASON, Ended, StreamStore, WriteBatch
-from worker.tokenizer import builtin_byte_tokenizer, load_tokenizer
+from trtllm_worker.contract.job import Job
+from trtllm_worker.contract.stream import Fields, FinishReason, error_fields, lease_key
+from trtllm_worker.engine.base import EngineOutput, EngineRequest
+from trtllm_worker.engine.looper import Looper
+from trtllm_worker.ops.metrics import Metrics
+from trtllm_worker.pipeline.intake import Intake
+from trtllm_worker.pipeline.leases import Leases
+from trtllm_worker.pipeline.output import OutputProcessor, RequestState
+from trtllm_worker.pipeline.pump import OutputPump
+from trtllm_worker.pipeline.runner import JobRunner
+from trtllm_worker.streams.connect import redis_client
+from trtllm_worker.streams.store import (
+    AFTER_TAIL,
+    ENTRIES_LOST_REASON,
+    Ended,
+    StreamStore,
+    WriteBatch,
+)
+from trtllm_worker.tokenizer import builtin_byte_tokenizer, load_tokenizer
 
 
 @pytest.fixture

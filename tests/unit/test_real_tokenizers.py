@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.contract.stream import Fields, FinishReason
-from worker.engine.base import EngineOutput
-from worker.pipeline.output import OutputProcessor, RequestState
-from worker.tokenizer import TokenizerInfo, load_tokenizer
+from trtllm_worker.contract.stream import Fields, FinishReason
+from trtllm_worker.engine.base import EngineOutput
+from trtllm_worker.pipeline.output import OutputProcessor, RequestState
+from trtllm_worker.tokenizer import TokenizerInfo, load_tokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from worker.contract.errors import InvalidJob
-from worker.contract.job import (
+from trtllm_worker.contract.errors import InvalidJob
+from trtllm_worker.contract.job import (
     MAX_BODY_BYTES,
     MAX_METADATA_BYTES,
     REQUEST_ID_PATTERN,

@@ -1,4 +1,4 @@
-"""Settling messages (`worker/broker/settle.py`) and the consumer's handler around it,
+"""Settling messages (`trtllm_worker/broker/settle.py`) and the consumer's handler around it,
 with fakes for the AMQP message, channel and store: what matters here is which AMQP
 call is made and that nothing escapes, which a real broker would only make slower to
 see. The two defects fixed in the reshape each have a test here:
@@ -19,11 +19,11 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from worker.broker.cancel import CancelListener
-from worker.broker.consumer import Consumer
-from worker.broker.settle import AckBatcher, Settler, outcome_of
-from worker.config import Settings
-from worker.contract.errors import (
+from trtllm_worker.broker.cancel import CancelListener
+from trtllm_worker.broker.consumer import Consumer
+from trtllm_worker.broker.settle import AckBatcher, Settler, outcome_of
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import (
     Action,
     DeadlineExceeded,
     HandBack,
@@ -31,13 +31,13 @@ from worker.contract.errors import (
     RetryLater,
     StreamUnusable,
 )
-from worker.contract.job import Job
-from worker.contract.stream import Fields
-from worker.ops.metrics import Metrics
-from worker.pipeline.intake import Intake
-from worker.pipeline.runner import JobResult
-from worker.streams.store import Ended, StreamStore
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.contract.job import Job
+from trtllm_worker.contract.stream import Fields
+from trtllm_worker.ops.metrics import Metrics
+from trtllm_worker.pipeline.intake import Intake
+from trtllm_worker.pipeline.runner import JobResult
+from trtllm_worker.streams.store import Ended, StreamStore
+from trtllm_worker.tokenizer import load_tokenizer
 
 
 class FakeMessage:

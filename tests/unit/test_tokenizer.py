@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from worker.contract.errors import ConfigError
-from worker.tokenizer import load_tokenizer
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.tokenizer import load_tokenizer
 
 TEXTS = [
     pytest.param("abc", id="ascii"),

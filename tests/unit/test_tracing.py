@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from worker.contract.errors import ConfigError, InvalidJob
-from worker.ops import otel
-from worker.ops.tracing import (
+from trtllm_worker.contract.errors import ConfigError, InvalidJob
+from trtllm_worker.ops import otel
+from trtllm_worker.ops.tracing import (
     INTAKE,
     TERMINAL,
     begin_trace,

@@ -1,0 +1,42 @@
+"""The client SDK a job producer or subscriber imports: `Client`, `SyncClient`, the
+typed events and errors. It stands on the contract and the connection modules only: no
+job runner, engine or consumer is loaded, and no global state (logging, metrics) of the
+host application is touched."""
+
+from trtllm_worker.client.admin import DeadLetter
+from trtllm_worker.client.sdk import (
+    Client,
+    ClientError,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    InvalidJobError,
+    JobFailed,
+    QueueMissing,
+    ServiceUnavailable,
+    StreamFormatError,
+    SyncClient,
+    TokenEvent,
+    job_body,
+    parse_entry,
+    validate_job,
+)
+
+__all__ = [
+    "Client",
+    "ClientError",
+    "DeadLetter",
+    "DoneEvent",
+    "ErrorEvent",
+    "Event",
+    "InvalidJobError",
+    "JobFailed",
+    "QueueMissing",
+    "ServiceUnavailable",
+    "StreamFormatError",
+    "SyncClient",
+    "TokenEvent",
+    "job_body",
+    "parse_entry",
+    "validate_job",
+]

@@ -1,0 +1,83 @@
+"""Operator calls of the SDK: what a dead letter says, and how a requeue resets a job
+so it runs again from the start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic_core
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import BaseModel, ConfigDict
+
+from trtllm_worker.contract.job import valid_request_id
+
+ERROR_HEADERS = frozenset({"x-error-code", "x-error-message"})
+# Broker bookkeeping a republished copy must not carry: a quorum queue's delivery count
+# would make the worker count the dead letter's past deliveries against the new job.
+DROPPED_HEADERS = ERROR_HEADERS | {"x-delivery-count"}
+
+# KEYS: stream, deliveries counter. The job is about to run again: forget its delivery
+# count, and remove its stream if it ends with the `error` entry the worker wrote when it
+# dead-lettered the job (a stream that ends with a terminal entry is never run again).
+# 1: the stream was removed; 0: left as it was (absent, not a stream, or not ended by an
+# error).
+RESET_FOR_REQUEUE = """
+redis.call('DEL', KEYS[2])
+if redis.call('TYPE', KEYS[1]).ok ~= 'stream' then return 0 end
+local tail = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #tail == 0 then return 0 end
+local fields = tail[1][2]
+for i = 1, #fields, 2 do
+  if fields[i] == 'event' then
+    if fields[i + 1] == 'error' then
+      redis.call('DEL', KEYS[1])
+      return 1
+    end
+    return 0
+  end
+end
+return 0
+"""
+
+
+class DeadLetter(BaseModel):
+    """A message of `<queue>.dead` and why the worker could not run it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str | None
+    """From the body when it holds a well-formed one, else the AMQP message_id."""
+    code: str
+    message: str
+    body: bytes
+    content_type: str | None = None
+    message_id: str | None = None
+    headers: dict[str, Any] = {}
+
+
+def _header_text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
+
+
+def read_dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
+    headers = dict(message.headers or {})
+    request_id: str | None = None
+    try:
+        data = pydantic_core.from_json(message.body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "request_id" in data:
+        request_id = valid_request_id(data["request_id"])
+    else:
+        request_id = valid_request_id(message.message_id)
+    return DeadLetter(
+        request_id=request_id,
+        code=_header_text(headers.get("x-error-code")) or "unknown",
+        message=_header_text(headers.get("x-error-message")),
+        body=message.body,
+        content_type=message.content_type,
+        message_id=message.message_id,
+        headers={k: v for k, v in headers.items() if k != "x-delivery-count"},
+    )

@@ -1,0 +1,446 @@
+"""TensorRT-LLM's LLM API (PyTorch backend, HF checkpoint) behind the engine interface.
+
+Only this module and `trtllm_executor.py` import `tensorrt_llm`, and only when the engine
+is chosen. Token ids in and out: the worker tokenizes, detokenizes and matches stop
+strings itself (`skip_tokenizer_init=True`, `detokenize=False`).
+
+Threading: `generate_async` binds each result to the event loop running in the calling
+thread (tensorrt_llm/executor/result.py), so this engine keeps a private event loop
+running on a thread of its own (see `LlmApiEngine`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import random
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import tensorrt_llm
+from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm.llmapi import KvCacheConfig, RequestOutput
+from tensorrt_llm.sampling_params import GuidedDecodingParams
+
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.engine.base import (
+    EngineLimits,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    stop_ids,
+)
+from trtllm_worker.tokenizer import TokenizerInfo
+
+log = logging.getLogger(__name__)
+
+STATS_TIMEOUT_S = 1.0
+
+FINISH_REASONS = {
+    "stop": FinishReason.EOS_TOKEN,  # end_id, an EOS stop id, or (see _finish) a job's stop id
+    "length": FinishReason.LENGTH,
+    "timeout": FinishReason.DEADLINE,
+    "cancelled": FinishReason.CANCELLED,
+}
+
+
+CONFLICTS = {
+    "max_batch_size": "max_batch",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "max_seq_len": "max_seq_len",
+    "max_num_tokens": "max_num_tokens",
+    "sampler_type": "sampler",
+}
+"""Extra options that a worker setting also decides: both may not say different things."""
+
+
+TORCH_SAMPLER_IGNORES = ("seed", "repetition_penalty", "presence_penalty", "frequency_penalty")
+"""What 1.2's TorchSampler accepts and ignores: one generator seeded once for every
+request, no penalties (`_torch/pyexecutor/sampler.py`; per-request support came with
+TensorRT-LLM PRs #16485 and #17172)."""
+
+
+def ignored_parameters(sampler: str) -> dict[str, str]:
+    """The job parameters the configured sampler would silently ignore, with why."""
+    if sampler == "TRTLLMSampler":
+        return {}
+    why = (
+        f"TensorRT-LLM 1.2's TorchSampler (WORKER_SAMPLER={sampler}) ignores it; "
+        "set WORKER_SAMPLER=TRTLLMSampler to use it"
+    )
+    return dict.fromkeys(TORCH_SAMPLER_IGNORES, why)
+
+
+def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
+    """An extra option that contradicts a worker setting is refused at start, naming
+    both (an engine batch smaller than WORKER_MAX_BATCH would queue the rest unseen)."""
+    for option, name in CONFLICTS.items():
+        if option not in extra:
+            continue
+        mine = getattr(settings, name)
+        if mine is not None and extra[option] != mine:
+            raise ConfigError(
+                f"invalid setting WORKER_LLM_EXTRA_OPTIONS: it sets {option}: {extra[option]}, "
+                f"but WORKER_{name.upper()} is {mine}; set WORKER_{name.upper()} instead"
+            )
+
+
+def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
+    """Load the model (minutes for a large one) and wrap it."""
+    assert settings.model is not None  # the settings validator requires it
+    kwargs: dict[str, Any] = {
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "max_batch_size": settings.max_batch,
+        "max_seq_len": settings.effective_max_seq_len,
+        "kv_cache_config": KvCacheConfig(
+            free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+            enable_block_reuse=settings.kv_cache_block_reuse,
+        ),
+        "enable_iter_perf_stats": True,
+    }
+    if settings.max_num_tokens is not None:
+        kwargs["max_num_tokens"] = settings.max_num_tokens
+    # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
+    # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
+    kwargs["sampler_type"] = settings.sampler
+    if settings.guided_decoding != "none":
+        # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
+        kwargs["guided_decoding_backend"] = settings.guided_decoding
+    extra = read_extra_options(settings.llm_extra_options)
+    check_extra_options(settings, extra)
+    kwargs.update(extra)
+    log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
+    llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
+    return LlmApiEngine(llm, cancel_timeout_s=settings.engine_cancel_timeout_s)
+
+
+def read_extra_options(path: Path | None) -> dict[str, Any]:
+    """Extra `LLM(...)` arguments from a YAML or JSON file, as trtllm-serve's
+    `--extra_llm_api_options` takes them; they override the worker's own."""
+    if path is None:
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml  # a dependency of tensorrt_llm
+
+            data = yaml.safe_load(text)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"invalid setting WORKER_LLM_EXTRA_OPTIONS: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("invalid setting WORKER_LLM_EXTRA_OPTIONS: the file must hold a mapping")
+    return data
+
+
+def guided_decoding(request: EngineRequest) -> GuidedDecodingParams | None:
+    if request.guide is None:
+        return None
+    if request.guide.kind == "json":
+        return GuidedDecodingParams(json=request.guide.text)
+    return GuidedDecodingParams(regex=request.guide.text)
+
+
+def sampling_params(request: EngineRequest) -> SamplingParams:
+    """The job's parameters in the LLM API's names (`tensorrt-llm.md` §5).
+
+    `ignore_eos` is given as `end_id=-1` rather than `ignore_eos=True`: that is all 1.2's
+    `ignore_eos` does to the request (`executor/base_worker.py`), while later releases
+    also drop every stop word with it, which would lose the job's `stop_token_ids`."""
+    sampling = request.sampling
+    greedy = sampling.do_sample is False
+    stops = stop_ids(request)
+    return SamplingParams(
+        max_tokens=request.max_new_tokens,
+        min_tokens=request.min_new_tokens or None,
+        end_id=-1 if request.ignore_eos else request.end_id,
+        pad_id=max(request.end_id, 0),
+        stop_token_ids=stops or None,
+        guided_decoding=guided_decoding(request),
+        top_k=1 if greedy else sampling.top_k,
+        top_p=None if greedy else sampling.top_p,
+        temperature=None if greedy else sampling.temperature,
+        # Unset, the engine samples every request with seed 0: draw one, as TGI does.
+        seed=sampling.seed if sampling.seed is not None else random.getrandbits(63),
+        repetition_penalty=sampling.repetition_penalty,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        logprobs=1 if request.return_logprobs else None,
+        detokenize=False,
+    )
+
+
+class LlmApiEngine:
+    """The engine interface over `tensorrt_llm.LLM`.
+
+    `generate_async` binds each result to the event loop running in the calling thread,
+    and TensorRT-LLM's dispatcher only wakes that loop while it is running (an item that
+    arrives otherwise waits unseen). So the adapter keeps a private event loop running
+    for good on a thread of its own: requests are submitted, read and aborted there, and
+    finished outputs reach the looper through a thread-safe queue."""
+
+    def __init__(self, llm: LLM, *, cancel_timeout_s: float = 5.0) -> None:
+        self._llm = llm
+        args = llm.args
+        # what the built LLM really schedules and accepts, after extra options
+        self._capacity = int(args.max_batch_size or 1)
+        self._limits = EngineLimits(
+            max_seq_len=args.max_seq_len,
+            max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
+            ignored_parameters=ignored_parameters(str(args.sampler_type)),
+        )
+        self._cancel_timeout_s = cancel_timeout_s
+        self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+        self._results: dict[int, RequestOutput] = {}
+        self._readers: dict[int, asyncio.Task[None]] = {}
+        self._aborted: set[int] = set()
+        """Requests aborted here: their later tokens are dropped (1.2 ends a running
+        request only after the iteration that saw the abort, #10879)."""
+        self._stats = EngineStats()
+        self._fatal: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="trtllm-io", daemon=True)
+        self._thread.start()
+        self._stats_runner: asyncio.Task[None] | None = None
+        asyncio.run_coroutine_threadsafe(self._follow_stats(), self._loop)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def limits(self) -> EngineLimits:
+        return self._limits
+
+    # -- the engine interface (called on the looper thread) ---------------------------
+
+    def enqueue(self, request: EngineRequest) -> None:
+        self._loop.call_soon_threadsafe(self._submit, request)
+
+    def cancel(self, request_id: int) -> None:
+        self._loop.call_soon_threadsafe(self._abort, request_id)
+
+    def wake(self) -> None:
+        self._outputs.put(None)
+
+    def wait(self, timeout: float) -> list[EngineOutput]:
+        """Block (GIL released) until outputs arrive or `timeout` passes; take them all."""
+        outputs: list[EngineOutput] = []
+        try:
+            item = self._outputs.get(timeout=timeout)
+            while True:
+                if item is not None:
+                    outputs.append(item)
+                item = self._outputs.get_nowait()
+        except queue.Empty:
+            pass
+        if self._fatal is not None:
+            raise RuntimeError(f"the LLM stopped: {self._fatal}") from self._fatal
+        return outputs
+
+    def stats(self) -> EngineStats:
+        """The latest iteration statistics (`enable_iter_perf_stats`), kept fresh by a
+        task on the private loop: reading them never blocks the engine thread. An idle
+        engine runs no iterations and reports none, so idle reads as zero requests."""
+        if not self._results:
+            return replace(self._stats, active_requests=0, queued_requests=0)
+        return self._stats
+
+    def shutdown(self) -> None:
+        if self._loop.is_closed() or not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._loop.is_running():
+                self._loop.close()
+
+    # -- on the private loop -----------------------------------------------------------
+
+    def _submit(self, request: EngineRequest) -> None:
+        try:
+            result = self._llm.generate_async(
+                list(request.prompt_ids), sampling_params=sampling_params(request), streaming=True
+            )
+        except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
+            self._outputs.put(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
+            return
+        except Exception as exc:
+            # The LLM is shutting down or its worker died: the engine is gone.
+            self._fatal = exc
+            self._outputs.put(None)
+            return
+        self._results[request.id] = result
+        reader = self._loop.create_task(self._read(request, result))
+        self._readers[request.id] = reader
+        reader.add_done_callback(lambda _: self._readers.pop(request.id, None))
+
+    def _abort(self, request_id: int) -> None:
+        """Abort, and end the request here if the engine stays silent: 1.2's PyTorch
+        executor drops a request it still has queued without any response
+        (`_torch/pyexecutor/py_executor.py`); a running one ends `cancelled` after its
+        iteration, well within the timeout."""
+        result = self._results.get(request_id)
+        if result is None:
+            return
+        result.abort()
+        self._aborted.add(request_id)
+        self._loop.call_later(self._cancel_timeout_s, self._give_up, request_id)
+
+    def _give_up(self, request_id: int) -> None:
+        reader = self._readers.get(request_id)
+        if reader is None:
+            return  # it ended meanwhile
+        log.warning(
+            "engine request %d: no final output %.1fs after its abort (it was queued); ended here",
+            request_id,
+            self._cancel_timeout_s,
+        )
+        reader.cancel()
+        self._results.pop(request_id, None)
+        self._outputs.put(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
+
+    async def _read(self, request: EngineRequest, result: RequestOutput) -> None:
+        """Turn one request's stream of RequestOutputs into EngineOutputs."""
+        emit = self._outputs.put
+        try:
+            async for output in result:
+                if request.id in self._aborted:  # it stopped at the abort
+                    if output.finished:
+                        emit(EngineOutput(request.id, [], finish=FinishReason.CANCELLED))
+                        return
+                    continue
+                completion = output.outputs[0]
+                tokens = list(completion.token_ids_diff)
+                logprobs = None
+                if request.return_logprobs:
+                    logprobs = _logprobs(completion.logprobs_diff, tokens)
+                if output.finished:
+                    finish = _finish(
+                        request, completion.finish_reason, completion.stop_reason, tokens
+                    )
+                    emit(EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish)))
+                    return
+                if tokens:
+                    emit(EngineOutput(request.id, tokens, logprobs))
+            emit(EngineOutput(request.id, [], error="the stream ended without a final output"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # per-request failure: RequestError (a RuntimeError) and kin
+            emit(EngineOutput(request.id, [], error=f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._results.pop(request.id, None)
+            self._aborted.discard(request.id)
+
+    async def _follow_stats(self) -> None:
+        """Forever: take each iteration's statistics as the engine yields them. The
+        iterator ends after `STATS_TIMEOUT_S` without an iteration (an idle engine) and
+        is simply started again."""
+        self._stats_runner = asyncio.current_task()
+        while True:
+            try:
+                async for sample in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                    self._stats = _parse_stats(sample)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # statistics are optional: never let them stop serving
+                log.debug("engine statistics: %s", exc)
+            await asyncio.sleep(STATS_TIMEOUT_S)
+
+    async def _close(self) -> None:
+        if self._stats_runner is not None:  # cancelled and awaited: none left pending
+            await _cancel(self._stats_runner)
+        for result in list(self._results.values()):
+            result.abort()
+        try:
+            self._llm.shutdown()
+        finally:
+            readers = list(self._readers.values())
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def _cancel(task: asyncio.Task[None], attempts: int = 20) -> None:
+    """Cancel `task` and wait until it ended, cancelling again while it runs on: Python
+    3.11's `asyncio.wait_for` (in the LLM API's stats queue) loses a cancel that meets its
+    inner wait finishing (CPython gh-86296), and the task would loop forever. Gives up
+    after `attempts` half seconds (the loop is stopped next anyway)."""
+    for _ in range(attempts):
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=0.5)
+        if done:
+            return
+
+
+def _finish(
+    request: EngineRequest, reason: str | None, stop_reason: object, tokens: list[int]
+) -> FinishReason | None:
+    """Map the finish reason. The end id is in `token_ids`, but a stop token id is
+    trimmed from them and given as `stop_reason` (`executor/result.py`): put it back, so
+    the stream ends with the token that ended it, as the contract shows it. A job's own
+    stop id ends it with `stop_sequence`."""
+    finish = FINISH_REASONS.get(reason or "")
+    if finish is not FinishReason.EOS_TOKEN:
+        return finish
+    if isinstance(stop_reason, int):  # a stop id, trimmed from token_ids
+        ended_by = stop_reason
+        if not tokens or tokens[-1] != ended_by:
+            tokens.append(ended_by)
+    elif tokens and tokens[-1] in request.eos_ids | request.stop_token_ids:
+        ended_by = tokens[-1]  # the end id, kept in token_ids
+    else:
+        ended_by = request.end_id
+        if ended_by >= 0:
+            tokens.append(ended_by)
+    if ended_by in request.stop_token_ids - request.eos_ids:
+        return FinishReason.STOP_SEQUENCE
+    return finish
+
+
+def _no_reason(finish: FinishReason | None) -> str | None:
+    return "finished without a known finish reason" if finish is None else None
+
+
+def _logprobs(diff: Any, tokens: list[int]) -> list[float | None] | None:
+    """`logprobs_diff` holds one mapping token id → Logprob (the top k) per new token; the
+    sampled token's entry is taken. It can be missing when sampling picked a token outside
+    the top k: then None, and that token's entry gets no `logprob` field."""
+    if not diff:
+        return None
+    values: list[float | None] = []
+    for token, entry in zip(tokens, diff, strict=False):
+        if isinstance(entry, dict):
+            chosen = entry.get(token)
+            values.append(None if chosen is None else float(chosen.logprob))
+        else:
+            values.append(float(entry))
+    return values
+
+
+def _parse_stats(sample: Any) -> EngineStats:
+    """One `get_stats` sample (a dict, or JSON text of one) → EngineStats."""
+    data = json.loads(sample) if isinstance(sample, str) else sample
+    if not isinstance(data, dict):
+        return EngineStats()
+    kv = data.get("kvCacheStats") or {}
+    latency_ms = data.get("iterLatencyMS")
+    return EngineStats(
+        active_requests=data.get("numActiveRequests"),
+        queued_requests=data.get("numQueuedRequests"),
+        step_time_s=latency_ms / 1000 if isinstance(latency_ms, int | float) else None,
+        kv_cache_used_blocks=kv.get("usedNumBlocks"),
+        kv_cache_max_blocks=kv.get("maxNumBlocks"),
+    )

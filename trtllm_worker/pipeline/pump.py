@@ -1,0 +1,242 @@
+"""The output pump: the event-loop side of the thread boundary. The looper hands it one
+batch of engine outputs per wake-up (`on_outputs`, via `call_soon_threadsafe`); the pump
+turns everything delivered into entries, stores them in one fenced Redis call, then
+settles the requests that finished. It also owns the registry of running requests, so
+dropping one (lost lease, hand-back) happens in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+from trtllm_worker.config import Settings
+from trtllm_worker.contract.errors import HandBack, StreamUnusable, WorkerError
+from trtllm_worker.engine.base import EngineOutput
+from trtllm_worker.engine.looper import Looper
+from trtllm_worker.ops.log import about
+from trtllm_worker.ops.metrics import Metrics
+from trtllm_worker.pipeline.leases import Leases, lease_lost
+from trtllm_worker.pipeline.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
+from trtllm_worker.streams.connect import REDIS_FAILURES
+from trtllm_worker.streams.store import (
+    ENTRIES_LOST_REASON,
+    LEASE_LOST_REASON,
+    StreamStore,
+    refused_for_good,
+)
+
+log = logging.getLogger(__name__)
+
+RETRY_MAX_S = 1.0
+
+
+class OutputPump:
+    """Running requests, and the loop that publishes their outputs."""
+
+    def __init__(
+        self, settings: Settings, store: StreamStore, leases: Leases, metrics: Metrics
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._leases = leases
+        self._metrics = metrics
+        self._processor = OutputProcessor(cluster=store.cluster)
+        self._running: dict[str, RequestState] = {}
+        self._inbox: list[EngineOutput] = []
+        self._inbox_batches = 0
+        self._inbox_since: float | None = None  # when the engine had the oldest of them
+        self._inbox_ready = asyncio.Event()
+        self._last_tokens_at: float | None = None  # while requests run
+        self._background: set[asyncio.Task[None]] = set()
+        self._ending: frozenset[str] = frozenset()
+        """The streams whose terminal entry the write in flight stores: that write
+        releases their lease, so a renewal meanwhile finds it gone."""
+        self.looper: Looper | None = None
+        self.redis_healthy = True
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self._running.get(request_id)
+
+    def states(self) -> Iterator[RequestState]:
+        return iter(list(self._running.values()))
+
+    # -- from the looper thread (via call_soon_threadsafe) ---------------------------
+
+    def on_outputs(self, outputs: list[EngineOutput], emitted_at: float) -> None:
+        self._inbox.extend(outputs)
+        self._inbox_batches += 1
+        if self._inbox_since is None:
+            self._inbox_since = emitted_at
+        self._inbox_ready.set()
+
+    # -- registry ---------------------------------------------------------------------
+
+    def add(self, state: RequestState) -> asyncio.Future[Terminal]:
+        """Register a request about to be submitted; the future ends with its terminal
+        entry stored, or with the error that dropped it."""
+        state.done = asyncio.get_running_loop().create_future()
+        self._processor.add(state)
+        self._running[state.request_id] = state
+        self._metrics.in_flight.set(len(self._running))
+        return state.done
+
+    def drop(self, state: RequestState, error: WorkerError) -> None:
+        """Forget a running request: no more writes, out of the engine, job settled by
+        `error`'s action."""
+        self._running.pop(state.request_id, None)
+        if self._processor.remove(state.engine_id) is not None:
+            self.cancel_engine(state.engine_id)
+        if state.done is not None and not state.done.done():
+            state.done.set_exception(error)
+        self._metrics.in_flight.set(len(self._running))
+
+    def drop_lost_lease(self, key: str) -> None:
+        """Drop the running request whose stream is `key`: its lease was found lost.
+        Not one whose terminal entry is being written: that write released the lease
+        (a renewal that ran after it in Redis finds it gone), and its reply decides:
+        stored, the job ended; refused by the fence, `_fail_refused` hands it back."""
+        if key in self._ending:
+            return
+        state = next((s for s in self._running.values() if s.key == key), None)
+        if state is not None:
+            log.warning("lease lost; handing the job back", extra=about(state.request_id))
+            self.drop(state, lease_lost(state.request_id))
+
+    def hand_back_all(self, reason: str) -> int:
+        """Stop writing for every running request and let its job go back to the queue
+        (drain timeout, broker connection lost, engine dead, Redis buffer full). Their
+        leases are released so the next owner need not wait for them to expire."""
+        states = list(self._running.values())
+        leases = self._leases.forget_all(s.key for s in states)
+        for state in states:
+            self.drop(state, HandBack(reason, request_id=state.request_id))
+        if leases:
+            task = asyncio.get_running_loop().create_task(self._leases.release(leases))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return len(states)
+
+    async def wait_background(self) -> None:
+        """Wait for the lease releases `hand_back_all` started (before closing Redis)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    def cancel_engine(self, engine_id: int) -> None:
+        if self.looper is not None:
+            self.looper.cancel(engine_id)
+
+    # -- the pump ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Forever: take everything the engine delivered, turn it into entries, store
+        them in one call, then settle the requests that finished."""
+        while True:
+            await self._inbox_ready.wait()
+            self._inbox_ready.clear()
+            outputs, self._inbox = self._inbox, []
+            batches, self._inbox_batches = self._inbox_batches, 0
+            emitted_at, self._inbox_since = self._inbox_since, None
+            if self.looper is not None and batches:
+                self.looper.consumed(batches)
+            batch = self._processor.process(outputs)
+            for engine_id in batch.aborts:
+                self.cancel_engine(engine_id)
+            refused = await self._store_batch(batch)
+            if refused is None:
+                continue  # given up: every job was handed back
+            if refused:
+                self._fail_refused(refused, batch)
+            if batch.tokens:
+                now = time.monotonic()
+                if emitted_at is not None:
+                    self._metrics.emit_delay.observe(now - emitted_at)
+                if self._last_tokens_at is not None:
+                    self._metrics.inter_token.observe(now - self._last_tokens_at)
+                self._last_tokens_at = now if self._running else None
+            self._settle(batch)
+
+    async def _store_batch(self, batch: ProcessedBatch) -> dict[str, str] | None:
+        """Write the batch, retrying while Redis is unreachable. The batch and what the
+        engine delivers meanwhile are the buffer; when it holds more than
+        WORKER_REDIS_BUFFER_ENTRIES, every running job is handed back (None)."""
+        self._ending = frozenset(state.key for state, _ in batch.finished)
+        try:
+            return await self._write_batch(batch)
+        finally:
+            self._ending = frozenset()
+
+    async def _write_batch(self, batch: ProcessedBatch) -> dict[str, str] | None:
+        delay = 0.05
+        while True:
+            started = time.perf_counter()
+            try:
+                try:
+                    refused = await self._store.write(batch.write)
+                except REDIS_FAILURES as exc:
+                    if not refused_for_good(exc):
+                        raise
+                    # Not an outage: the script failed on some stream's keys, and would
+                    # again. Retrying the batch would stop every stream; written one by
+                    # one, only the streams at fault fail (`_fail_refused`).
+                    log.warning(
+                        "Redis refused a batch of %d entries (%s); writing its streams one by one",
+                        batch.entry_count,
+                        exc,
+                    )
+                    refused = await self._store.write_each(batch.write)
+            except REDIS_FAILURES as exc:
+                self.redis_healthy = False
+                buffered = batch.entry_count + len(self._inbox)
+                if buffered > self._settings.redis_buffer_entries:
+                    count = self.hand_back_all("Redis is unreachable and the buffer is full")
+                    log.error("%d entries buffered: %d running jobs handed back", buffered, count)
+                    return None
+                log.warning("storing %d entries failed (%s); retrying", batch.entry_count, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            self.redis_healthy = True
+            self._metrics.publish_latency.observe(time.perf_counter() - started)
+            for state, _ in batch.finished:
+                if state.key not in refused:
+                    self._leases.forget(state.key)  # released with the terminal entry
+            return refused
+
+    def _fail_refused(self, refused: dict[str, str], batch: ProcessedBatch) -> None:
+        """Requests whose writes were refused stop here: a lost lease hands the job back
+        (another worker owns it now), so do lost entries (it resumes from the stream's
+        tail, as after a crash); a stream Redis refuses for good (its key is not a
+        stream, or the script failed on its keys) dead-letters it with the reason."""
+        states = [s for s in self._running.values() if s.key in refused]
+        states += [s for s, _ in batch.finished if s.key in refused]
+        for state in states:
+            reason = refused[state.key]
+            log.warning("not written: %s", reason, extra=about(state.request_id))
+            error: WorkerError
+            if reason == LEASE_LOST_REASON:
+                self._leases.forget(state.key)
+                error = lease_lost(state.request_id)
+            elif reason == ENTRIES_LOST_REASON:
+                error = HandBack(reason, request_id=state.request_id)
+            else:
+                error = StreamUnusable(
+                    f"stream key {state.key!r} cannot be written: {reason}",
+                    request_id=state.request_id,
+                )
+            self.drop(state, error)
+
+    def _settle(self, batch: ProcessedBatch) -> None:
+        now = time.monotonic()
+        for state in batch.first_tokens:
+            state.first_token_at = now
+        self._metrics.generated_tokens.inc(batch.tokens)
+        for state, terminal in batch.finished:
+            self._running.pop(state.request_id, None)
+            if state.done is not None and not state.done.done():
+                state.done.set_result(terminal)
+        self._metrics.in_flight.set(len(self._running))

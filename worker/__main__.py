@@ -1,8 +1,0 @@
-"""`python -m worker`: the same as the `trtllm-worker` command."""
-
-import sys
-
-from worker.client.cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
