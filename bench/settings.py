@@ -1,0 +1,26 @@
+"""Where the bench reads and writes, and what it compares with."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(os.environ.get("BENCH_RESULTS", Path(__file__).parent / "results"))
+"""Where every JSON, plot, SUMMARY.md and worker log goes: bench/results/, whose files the
+README cites (BENCH_RESULTS elsewhere: a trial run that leaves them as committed)."""
+
+PERFORMANCE_WORK_BASE = "1866419fe8a5afeeada680f2e8f92af0f857b52b"
+"""The last commit before issue 15's per-token work ("Compaction timers are cancelled when
+the store closes"): the code that work halved the CPU per token of, and so the figure the
+README's baseline row and its target (CPU <= 0.5 x) are measured against. A full hash, not
+a branch or a tag, so that the comparison does not move as the history does."""
+BASELINE_REF = os.environ.get("BENCH_BASELINE", PERFORMANCE_WORK_BASE)
+"""The code CPU per token is compared with (any git ref of this repository; BENCH_BASELINE
+overrides it)."""
+
+AMQP_URL = os.environ.get("WORKER_TEST_AMQP_URL", "amqp://guest:guest@localhost:5672/")
+REDIS_URL = os.environ.get("WORKER_TEST_REDIS_URL", "redis://localhost:6379/0")
+
+TRACING_ROUNDS = int(os.environ.get("BENCH_TRACING_ROUNDS", "3"))
+"""Rounds of off, on, tenth, tenth, on, off in the tracing scenario."""
