@@ -26,7 +26,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from bench import settings
 from bench.procfs import children_cpu_s, peak_rss_mib, proc_stat, thread_cpu_s
 from bench.readers import PerKeyReader, Reader, Reply, multi_key_reader
-from bench.services import free_port
+from bench.services import free_port, worker_package
 from bench.settings import AMQP_URL, REDIS_URL
 
 ENGINE_THREAD = "engine-looper"
@@ -100,14 +100,12 @@ def start_worker(
         WORKER_STREAM_TTL_S="600",
     )
     env.update(workload.env)
-    cwd = None
-    if workload.source is not None:  # its `worker` package before the installed one
+    cwd, package = None, "trtllm_worker"
+    if workload.source is not None:  # the checkout's package, not the installed one
         env["PYTHONPATH"] = str(workload.source)
-        cwd = workload.source
+        cwd, package = workload.source, worker_package(workload.source)
     log = open(settings.RESULTS / f"{workload.name}.worker.log", "wb")  # noqa: SIM115 (lives with the process)
-    return subprocess.Popen(
-        [sys.executable, "-m", "trtllm_worker", "serve"], env=env, stderr=log, cwd=cwd
-    )
+    return subprocess.Popen([sys.executable, "-m", package, "serve"], env=env, stderr=log, cwd=cwd)
 
 
 def stop_worker(worker: subprocess.Popen[bytes]) -> None:

@@ -52,14 +52,31 @@ def redis_xadd_ceiling(requests: int = 300_000) -> float:
     return float(rates[-1])
 
 
+PACKAGES = ("trtllm_worker", "worker")
+"""The worker's import package, newest name first: `worker` until issue 26 renamed it."""
+
+
+def worker_package(root: Path) -> str:
+    """The import package of the worker's code in `root` (a checkout)."""
+    return next((name for name in PACKAGES if (root / name).is_dir()), PACKAGES[0])
+
+
 @contextlib.contextmanager
 def checkout(ref: str) -> Iterator[Path]:
-    """The `worker` package as it was at `ref`, in a temporary folder (git archive: the
-    working tree is not touched)."""
+    """The worker's package as it was at `ref` (under the name it had then), in a
+    temporary folder (git archive: the working tree is not touched)."""
     root = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
     try:
+        listing = subprocess.run(
+            ["git", "-C", str(REPO), "ls-tree", "--name-only", ref],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        names = listing.stdout.split()
+        package = next((name for name in PACKAGES if name in names), PACKAGES[0])
         archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", "--format=tar", ref, "worker"],
+            ["git", "-C", str(REPO), "archive", "--format=tar", ref, package],
             capture_output=True,
             check=False,
         )
