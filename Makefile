@@ -14,14 +14,15 @@ UV     := $(TOOLS)/bin/uv
 STAMP  := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 BENCH_STAMP := $(VENV)/.installed-bench
+DOCS_STAMP := $(VENV)/.installed-docs
 LATEST := .venv-latest
 # uv finds $(PYTHON) on the PATH and never downloads an interpreter of its own
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 SYNC := $(UV) sync --locked --python $(PYTHON)
 
-.PHONY: run test lint typecheck pytest fuzz bench clean cluster-up cluster-down lock \
-	test-latest test-servers
+.PHONY: run test lint typecheck pytest unit format docs fuzz bench clean cluster-up \
+	cluster-down lock test-latest test-servers
 
 $(UV): tools/uv-requirements.txt
 	$(PYTHON) -m venv $(TOOLS)
@@ -40,6 +41,10 @@ $(BENCH_STAMP): pyproject.toml uv.lock | $(UV)
 	$(SYNC) --quiet --extra dev --extra bench
 	touch $@ $(DEV_STAMP) $(STAMP)
 
+$(DOCS_STAMP): pyproject.toml uv.lock | $(UV)
+	$(SYNC) --quiet --extra dev --extra docs
+	touch $@ $(DEV_STAMP) $(STAMP)
+
 lock: | $(UV)  ## re-resolve uv.lock to the newest releases pyproject.toml allows
 	$(UV) lock --upgrade --python $(PYTHON)
 
@@ -47,15 +52,26 @@ run: $(STAMP)  ## run a worker against the local RabbitMQ and Redis (echo engine
 	$(BIN)/trtllm-worker serve
 
 lint: $(DEV_STAMP)
-	$(BIN)/ruff check trtllm_worker tests bench tools
-	$(BIN)/ruff format --check trtllm_worker tests bench tools
+	$(BIN)/ruff check trtllm_worker tests bench tools docs/*.py docs/examples
+	$(BIN)/ruff format --check trtllm_worker tests bench tools docs/*.py docs/examples
 	$(BIN)/lint-imports  # the layers of pyproject.toml: imports point down
 
 typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-pytest: $(DEV_STAMP)
-	$(BIN)/pytest
+pytest: $(DEV_STAMP)  ## every test, with branch coverage of trtllm_worker
+	$(BIN)/pytest --cov --cov-report=term
+
+unit: $(DEV_STAMP)  ## tests/unit only: no RabbitMQ, Redis or Docker needed
+	$(BIN)/pytest tests/unit
+
+format: $(DEV_STAMP)  ## ruff format, then ruff check --fix
+	$(BIN)/ruff format trtllm_worker tests bench tools docs/*.py docs/examples
+	$(BIN)/ruff check --fix trtllm_worker tests bench tools docs/*.py docs/examples
+
+docs: $(DOCS_STAMP)  ## docs/settings.md from the Settings class, then the site in build/site (warnings are errors)
+	$(BIN)/python docs/gen_settings.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 test: lint typecheck pytest  ## ruff, mypy --strict and every test (real RabbitMQ and Redis)
 
@@ -73,7 +89,7 @@ test-servers: | $(UV)  ## the integration suite on RabbitMQ 4.0, Redis 8.0, Valk
 fuzz: $(DEV_STAMP)  ## many more fuzzed messages against a running worker (FUZZ_EXAMPLES)
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-5000} $(BIN)/pytest tests/integration/test_fuzz.py -q -o timeout=1800
 
-cluster-up:  ## a local Redis Cluster, a Sentinel-managed Redis and a RabbitMQ cluster to try (README: Scaling out)
+cluster-up:  ## a local Redis Cluster, a Sentinel-managed Redis and a RabbitMQ cluster to try (docs/scaling-out.md)
 	bash tools/clusters.sh up
 
 cluster-down:  ## stop what cluster-up started
@@ -83,4 +99,4 @@ bench: $(BENCH_STAMP)  ## every scenario; results in bench/results/ (BENCH_PROFI
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py $(SCENARIOS)
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(LATEST) $(TOOLS) build/site .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
