@@ -34,8 +34,8 @@ TokenCount = Annotated[int, Field(ge=1, le=ENGINE_MAX_TOKENS)]
 
 
 class Settings(BaseSettings):
-    """Every `WORKER_*` setting of the contract (and a few of our own, documented in the
-    README)."""
+    """Every `WORKER_*` setting of the contract (and a few of our own). Each field's
+    `description` is its row in docs/settings.md, which `make docs` generates."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -46,65 +46,244 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    amqp_url: str = "amqp://guest:guest@localhost:5672/"
-    redis_url: str = "redis://localhost:6379/0"
-    queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")] = "generate"
-    stream_prefix: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]*$")] = "gen:"
-    stream_ttl_s: Annotated[int, Field(ge=1, le=REDIS_MAX_TTL_S)] = 3600
-    # this long after a stream's terminal entry its token entries are trimmed
-    stream_compact_after_s: Annotated[float, Field(gt=0, le=REDIS_MAX_TTL_S)] | None = None
-    engine: Literal["echo", "trtllm", "trtllm-executor"] = "echo"
-    tokenizer: Path | None = None
-    eos_token: Annotated[str, Field(min_length=1)] | None = None
-    max_input_tokens: TokenCount = 4096
-    max_new_tokens: TokenCount = 2048
-    default_max_new_tokens: TokenCount = 256
-    max_batch: Annotated[int, Field(ge=1, le=65535)] = 64
-    http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
-    http_host: str = "0.0.0.0"
-    echo_step_ms: Annotated[float, Field(ge=0, le=60_000)] = 0
-    # tokens each request gains per step, as with speculative decoding or MTP
-    echo_tokens_per_step: Annotated[int, Field(ge=1, le=64)] = 1
-    echo_fault_token_id: Annotated[int, Field(ge=0)] | None = None
-    echo_crash_token_id: Annotated[int, Field(ge=0)] | None = None
-    queue_type: Literal["quorum", "classic"] = "quorum"
-    delivery_limit: PositiveInt = 3
-    drain_timeout_s: Annotated[float, Field(ge=0, le=86_400)] = 30
-    lease_ttl_s: Annotated[float, Field(ge=0.5, le=3600)] = 10
-    redis_buffer_entries: PositiveInt = 100_000
-    amqp_ca_file: Path | None = None
-    amqp_cert_file: Path | None = None
-    amqp_key_file: Path | None = None
-    redis_sentinels: str | None = None
-    redis_sentinel_master: Annotated[str, Field(min_length=1)] = "mymaster"
-    redis_sentinel_password: str | None = None
-    redis_min_replicas: Annotated[int, Field(ge=0, le=16)] = 0
-    redis_ca_file: Path | None = None
-    redis_cert_file: Path | None = None
-    redis_key_file: Path | None = None
-    chat_template: Path | None = None
-    guided_decoding: Literal["xgrammar", "llguidance", "none"] = "xgrammar"
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
-    """auto: uvloop when it is installed (the `uvloop` extra), else asyncio's own."""
+    amqp_url: str = Field(
+        "amqp://guest:guest@localhost:5672/",
+        description="broker (`amqp://` or `amqps://`); several comma-separated URLs name "
+        "the nodes of one RabbitMQ cluster, tried in turn",
+    )
+    redis_url: str = Field(
+        "redis://localhost:6379/0",
+        description="stream store (`redis://`, `rediss://`, `unix://`): a single node, or "
+        "any node of a Redis Cluster",
+    )
+    queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,200}$")] = Field(
+        "generate", description="job queue; `<queue>.cancel` and `<queue>.dead` derive from it"
+    )
+    stream_prefix: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^{}]*$")] = Field(
+        "gen:", description="stream key = prefix + request_id; no braces"
+    )
+    stream_ttl_s: Annotated[int, Field(ge=1, le=REDIS_MAX_TTL_S)] = Field(
+        3600,
+        description="a finished stream expires this long after its terminal entry; also "
+        "the life of a cancel mark; at most 10^15 (Redis refuses an expiry past about "
+        "9.2·10^15 s)",
+    )
+    stream_compact_after_s: Annotated[float, Field(gt=0, le=REDIS_MAX_TTL_S)] | None = Field(
+        None,
+        description="this long after its terminal entry, a finished stream is trimmed to "
+        "that entry, which holds `generated_text`, until the TTL; at most 10^15",
+    )
+    engine: Literal["echo", "trtllm", "trtllm-executor"] = Field(
+        "echo",
+        description="`echo` (built in, CPU, no model), `trtllm` (TensorRT-LLM LLM API, "
+        "PyTorch backend, HF checkpoint in `WORKER_MODEL`) or `trtllm-executor` "
+        "(TensorRT-LLM 1.2.x C++ Executor, prebuilt engine in `WORKER_ENGINE_DIR`)",
+    )
+    tokenizer: Path | None = Field(
+        None,
+        description="a `tokenizer.json`, or a model folder holding one (the EOS ids: every "
+        "`eos_token_id` of its `generation_config.json` and the `eos_token` of its "
+        "`tokenizer_config.json`, which also gives the special tokens and the chat "
+        "template); required with `trtllm-executor`. Unset: `WORKER_MODEL` with `trtllm`, "
+        "else the built-in byte-level tokenizer",
+    )
+    eos_token: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="end-of-sequence token as its string (e.g. `</s>`); when set, the only "
+        "EOS. Unset: from the model folder, else none",
+    )
+    max_input_tokens: TokenCount = Field(
+        4096, description="longer prompts fail with `input_too_long` unless `truncate` is given"
+    )
+    max_new_tokens: TokenCount = Field(
+        2048,
+        description="upper bound for `max_new_tokens`; this, `WORKER_MAX_INPUT_TOKENS`, "
+        "their sum, `WORKER_MAX_NUM_TOKENS` and `WORKER_MAX_SEQ_LEN` are at most 2^31-1 "
+        "(TensorRT-LLM's 32-bit token counts)",
+    )
+    default_max_new_tokens: TokenCount = Field(
+        256, description="used when a job gives none; at most `WORKER_MAX_NEW_TOKENS`"
+    )
+    max_batch: Annotated[int, Field(ge=1, le=65535)] = Field(
+        64, description="requests in flight in the engine at once; also the broker prefetch"
+    )
+    http_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        8080,
+        description="`/healthz`, `/readyz`, `/metrics`; `0` picks a free port. Bound first "
+        "at start (the probes answer 503 until the worker is ready): a port already taken "
+        "stops the worker with one line and exit 2, before it loads the engine or takes a "
+        "job",
+    )
+    http_host: str = Field("0.0.0.0", description="address the HTTP server binds")
+    echo_step_ms: Annotated[float, Field(ge=0, le=60_000)] = Field(
+        0,
+        description="echo engine: time one decoding step takes (all in-flight requests "
+        "advance together)",
+    )
+    echo_tokens_per_step: Annotated[int, Field(ge=1, le=64)] = Field(
+        1,
+        description="echo engine: tokens each request gains per step (1-64), as "
+        "TensorRT-LLM hands over with speculative decoding or MTP; a stop, an EOS or "
+        "`max_new_tokens` may fall mid-step",
+    )
+    echo_fault_token_id: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="test switch: an echo request whose prompt holds this id fails with "
+        "`engine_error`",
+    )
+    echo_crash_token_id: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="test switch: a prompt holding this id crashes the echo engine (as a "
+        "dead GPU would)",
+    )
+    queue_type: Literal["quorum", "classic"] = Field(
+        "quorum",
+        description="`quorum` or `classic`, for the job queue and dead-letter queue the "
+        "worker declares",
+    )
+    delivery_limit: PositiveInt = Field(
+        3,
+        description="deliveries of one message before it is dead-lettered; at most 20 on a "
+        "quorum queue (RabbitMQ 4.0 drops a message past 20 deliveries on its own)",
+    )
+    drain_timeout_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
+        30, description="on SIGTERM, how long running jobs may finish"
+    )
+    lease_ttl_s: Annotated[float, Field(ge=0.5, le=3600)] = Field(
+        10,
+        description="a request's lease expires this long after its worker stops renewing "
+        "it (a redelivered job may wait this long)",
+    )
+    redis_buffer_entries: PositiveInt = Field(
+        100_000,
+        description="entries kept in memory while Redis is unreachable before running jobs "
+        "are handed back",
+    )
+    amqp_ca_file: Path | None = Field(
+        None, description="`amqps://`: CA to trust (or the URL's `cafile` query parameter)"
+    )
+    amqp_cert_file: Path | None = Field(
+        None,
+        description="`amqps://`: client certificate (or the URL's `certfile` query parameter)",
+    )
+    amqp_key_file: Path | None = Field(
+        None, description="`amqps://`: client key (or the URL's `keyfile` query parameter)"
+    )
+    redis_sentinels: str | None = Field(
+        None,
+        description="Redis under Sentinel: the Sentinels, `host:port,...`; "
+        "`WORKER_REDIS_URL` then gives only scheme, password and database",
+    )
+    redis_sentinel_master: Annotated[str, Field(min_length=1)] = Field(
+        "mymaster", description="the master's name in the Sentinels' configuration"
+    )
+    redis_sentinel_password: str | None = Field(
+        None,
+        description="the Sentinels' own password (the chart takes it from its Secret)",
+    )
+    redis_min_replicas: Annotated[int, Field(ge=0, le=16)] = Field(
+        0,
+        description="a job is acknowledged only once its terminal entry is on this many "
+        "replicas (Redis `WAIT`); 1 with Sentinel; not on Redis Cluster",
+    )
+    redis_ca_file: Path | None = Field(
+        None,
+        description="`rediss://`: CA to trust (or the URL's `ssl_ca_certs` query parameter)",
+    )
+    redis_cert_file: Path | None = Field(
+        None,
+        description="`rediss://`: client certificate (or the URL's `ssl_certfile` query parameter)",
+    )
+    redis_key_file: Path | None = Field(
+        None,
+        description="`rediss://`: client key (or the URL's `ssl_keyfile` query parameter)",
+    )
+    chat_template: Path | None = Field(
+        None,
+        description="a Jinja chat template file; overrides the model folder's "
+        "(`chat_template.jinja` or `tokenizer_config.json`). Unset: the model's own",
+    )
+    guided_decoding: Literal["xgrammar", "llguidance", "none"] = Field(
+        "xgrammar",
+        description="TensorRT-LLM's guided-decoding backend: `xgrammar`, `llguidance` (LLM "
+        "API only) or `none` (jobs with a `grammar` are refused)",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="`DEBUG`, `INFO`, `WARNING`, `ERROR` (any case)"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`text` or `json` (one object per line); a line about a job carries its "
+        "`request_id` (a JSON field, or ` request_id=…` at the end of a text line)",
+    )
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto",
+        description="`auto`: uvloop when it is installed (the `uvloop` extra; the image has "
+        "it), else asyncio's own loop; `asyncio` or `uvloop` to choose (`uvloop` without it "
+        "installed: exit 2). The startup line names the loop",
+    )
 
     # TensorRT-LLM engines (ignored by echo)
-    model: Path | None = None
-    engine_dir: Path | None = None
-    tensor_parallel_size: PositiveInt = 1
-    max_num_tokens: TokenCount | None = None
-    max_seq_len: TokenCount | None = None
-    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.9
-    kv_cache_block_reuse: bool = True
-    llm_extra_options: Path | None = None
-    scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
-    sampler: Literal["TRTLLMSampler", "TorchSampler", "auto"] = "TRTLLMSampler"
-    executor_worker_path: Path | None = None
-    engine_start_timeout_s: Annotated[float, Field(gt=0)] = 1800
-    engine_stats_interval_s: Annotated[float, Field(gt=0)] = 5
-    engine_stall_timeout_s: Annotated[float, Field(gt=0)] = 300
-    engine_cancel_timeout_s: Annotated[float, Field(gt=0, le=600)] = 5
+    model: Path | None = Field(
+        None, description="`trtllm`: Hugging Face checkpoint folder (required)"
+    )
+    engine_dir: Path | None = Field(
+        None, description="`trtllm-executor`: folder of a prebuilt TensorRT engine (required)"
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="`trtllm`: GPUs per model")
+    max_num_tokens: TokenCount | None = Field(
+        None,
+        description="tokens the engine batches in one step; without chunked prefill also "
+        "the longest prompt, and a job's `input tokens + max_new_tokens - 1` (its longest "
+        "resume) must fit it. Unset: the engine's default",
+    )
+    max_seq_len: TokenCount | None = Field(
+        None,
+        description="`trtllm`: longest sequence. Unset: `WORKER_MAX_INPUT_TOKENS + "
+        "WORKER_MAX_NEW_TOKENS`",
+    )
+    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9,
+        description="fraction of free GPU memory for the KV cache (lower it if the GPU runs "
+        "out of memory)",
+    )
+    kv_cache_block_reuse: bool = Field(
+        True, description="reuse the KV cache of shared prompt prefixes"
+    )
+    llm_extra_options: Path | None = Field(
+        None,
+        description="`trtllm`: a YAML or JSON file of extra `LLM(...)` arguments, as "
+        "trtllm-serve's `--extra_llm_api_options`; they override the worker's",
+    )
+    scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = Field(
+        "guaranteed_no_evict",
+        description="`trtllm-executor`: `guaranteed_no_evict` or `max_utilization`",
+    )
+    sampler: Literal["TRTLLMSampler", "TorchSampler", "auto"] = Field(
+        "TRTLLMSampler",
+        description="`trtllm`: TensorRT-LLM's sampler, `TRTLLMSampler`, `TorchSampler` or "
+        "`auto` (what each honours: Running on a GPU)",
+    )
+    executor_worker_path: Path | None = Field(
+        None,
+        description="`trtllm-executor` on several GPUs. Unset: the package's `bin/executorWorker`",
+    )
+    engine_start_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        1800, description="loading the engine may take this long; then the worker exits 69"
+    )
+    engine_stats_interval_s: Annotated[float, Field(gt=0)] = Field(
+        5, description="how often engine statistics are sampled for `/metrics`"
+    )
+    engine_stall_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        300,
+        description="requests in flight and no output for this long: the engine is taken "
+        "for dead (jobs handed back, exit 3)",
+    )
+    engine_cancel_timeout_s: Annotated[float, Field(gt=0, le=600)] = Field(
+        5,
+        description="a cancelled request the engine says nothing more about is ended "
+        "(`cancelled`) this long after its cancel",
+    )
 
     @field_validator("amqp_url")
     @classmethod

@@ -17,7 +17,7 @@ from trtllm_worker.config import Settings
 from trtllm_worker.engine.base import Engine, EngineLimits, EngineOutput, EngineStats
 from trtllm_worker.engine.echo import EchoEngine
 
-README = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+METRICS_PAGE = (Path(__file__).parents[2] / "docs" / "observability.md").read_text(encoding="utf-8")
 
 
 def rid() -> str:
@@ -75,8 +75,8 @@ async def test_probes_and_metrics(
     assert float(samples["worker_broker_connected"]) == 1
     assert float(samples["worker_redis_connected"]) == 1
     assert float(samples["worker_ready"]) == 1
-    # every family the README documents is exposed
-    documented = set(re.findall(r"`(worker_[a-z_]+)`", README))
+    # every family docs/observability.md documents is exposed
+    documented = set(re.findall(r"`(worker_[a-z_]+)`", METRICS_PAGE))
     exposed = {line.split()[2] for line in metrics.splitlines() if line.startswith("# TYPE")}
     assert (
         documented

@@ -1,4 +1,4 @@
-"""The grants the README lists are what `trtllm-worker acl` prints for the defaults."""
+"""The grants docs/security.md lists are what `trtllm-worker acl` prints for the defaults."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from pathlib import Path
 from trtllm_worker.config import Settings
 from trtllm_worker.ops.grants import as_text
 
-README = Path(__file__).parents[2] / "README.md"
+SECURITY_PAGE = Path(__file__).parents[2] / "docs" / "security.md"
 
 
-def test_the_readme_lists_the_grants_as_acl_prints_them() -> None:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Security\n", 1)[1]
-    listed = section.split("```text\n", 1)[1].split("```", 1)[0]
+def test_the_docs_list_the_grants_as_acl_prints_them() -> None:
+    text = SECURITY_PAGE.read_text(encoding="utf-8")
+    listed = text.split("```text\n", 1)[1].split("```", 1)[0]
     defaults = Settings(
         _env_file=None, queue="generate", stream_prefix="gen:", amqp_url="amqp://h:5672/"
     )  # whatever WORKER_* the environment holds
