@@ -187,7 +187,8 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     redis-py's cluster pipeline, which follows it. The batch lands on the slot's new
     node, and the client's map is corrected."""
     from trtllm_worker.streams.connect import connect_redis
-    from trtllm_worker.streams.store import StreamStore, WriteBatch
+    from trtllm_worker.streams.store import StreamStore
+    from trtllm_worker.streams.wire import WriteBatch
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)
@@ -237,7 +238,8 @@ async def test_a_batch_is_one_call_per_node(
     script call (one per stream would cost a reply and a script run per stream), and
     every entry lands in its stream, in order, with its lease honoured."""
     from trtllm_worker.streams.connect import connect_redis
-    from trtllm_worker.streams.store import StreamStore, WriteBatch
+    from trtllm_worker.streams.store import StreamStore
+    from trtllm_worker.streams.wire import WriteBatch
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)

@@ -33,13 +33,8 @@ from trtllm_worker.pipeline.output import OutputProcessor, RequestState
 from trtllm_worker.pipeline.pump import OutputPump
 from trtllm_worker.pipeline.runner import JobRunner
 from trtllm_worker.streams.connect import redis_client
-from trtllm_worker.streams.store import (
-    AFTER_TAIL,
-    ENTRIES_LOST_REASON,
-    Ended,
-    StreamStore,
-    WriteBatch,
-)
+from trtllm_worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamStore
+from trtllm_worker.streams.wire import AFTER_TAIL, WriteBatch
 from trtllm_worker.tokenizer import builtin_byte_tokenizer, load_tokenizer
 
 

@@ -17,7 +17,7 @@ from trtllm_worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
 from trtllm_worker.contract.stream import Fields, FinishReason, entry_id, error_fields, lease_key
 from trtllm_worker.engine.base import EngineOutput
 from trtllm_worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
-from trtllm_worker.streams.store import Entry, WriteBatch
+from trtllm_worker.streams.wire import Entry, WriteBatch
 
 log = logging.getLogger(__name__)
 

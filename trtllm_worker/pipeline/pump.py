@@ -20,12 +20,8 @@ from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
 from trtllm_worker.streams.connect import REDIS_FAILURES
-from trtllm_worker.streams.store import (
-    ENTRIES_LOST_REASON,
-    LEASE_LOST_REASON,
-    StreamStore,
-    refused_for_good,
-)
+from trtllm_worker.streams.refusals import refused_for_good
+from trtllm_worker.streams.store import ENTRIES_LOST_REASON, LEASE_LOST_REASON, StreamStore
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,123 @@
+-- The fenced write of a batch: the body shared by the two entry scripts, which run it
+-- after one line that sets `K`, the parts' keys (stream, lease per part):
+--   write_keys.lua  K = KEYS                     one call per node, or per hash slot
+--   write_node.lua  K = cmsgpack.unpack(ARGV[3])  a Redis Cluster node's keys of many slots
+--
+-- ARGV[1]: the TTL of a finished stream; ARGV[2]: one MessagePack array holding, per
+-- part: lease token ('': the caller holds none), the seq of its first token entry, a
+-- code (4 n + 2 when logprobs follow + 1 when a terminal entry follows), then n token
+-- ids, n texts, (n logprobs, '' for none), then (the terminal entry) its id ('': after
+-- the tail, unless the stream has ended already), the number of fields, field, value, ...
+-- Token entry k (from 0) gets id 0-<seq + k> and index seq + k - 1.
+--
+-- Returns per part the entries written, -1 when the fence refused (the lease is
+-- another's, or anyone's when the caller holds none), -2 when the stream lacks entries
+-- before the first one given (nothing is written), or 'WRONGTYPE ...' for a key that is
+-- not a stream; any other error fails the call. An entry refused as "equal or smaller"
+-- was stored by an earlier try and is skipped.
+local ttl = tonumber(ARGV[1])
+local argv = cmsgpack.unpack(ARGV[2])
+
+local function owns(lease, token)
+  if token == '' then return redis.call('EXISTS', lease) == 0 end
+  return redis.call('GET', lease) == token
+end
+
+-- A key that is not a stream is refused for good (the error is returned for its request
+-- alone); any other error (READONLY from a demoted master, OOM, ...) is the server's
+-- state, not the request's: it fails the whole call, and the caller retries.
+local function refused(err)
+  if string.find(err, '^WRONGTYPE') then return err end
+  error({err = err})
+end
+
+local function stored(reply)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'equal or smaller', 1, true) then return 0 end
+    return refused(reply.err)
+  end
+  return 1
+end
+
+-- Entry ids run 0-1, 0-2, ... without holes, so a stream holds exactly as many entries
+-- as the sequence number before its next one. Fewer: entries stored earlier are gone (a
+-- failover promoted a replica that had not received them); writing on would leave a
+-- hole in the indices.
+local function lost(stream, seq)
+  if seq == nil then return false end
+  local len = redis.pcall('XLEN', stream)
+  if type(len) ~= 'number' then return false end
+  return len < seq - 1
+end
+
+-- The one place a stream ends: its terminal entry, its expiry, its lease released.
+local function end_stream(stream, lease, token, id, fields)
+  if id == '' then
+    local tail = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if tail.err then return refused(tail.err) end
+    local seq = 1
+    if #tail > 0 then
+      local f = tail[1][2]
+      for i = 1, #f, 2 do
+        if f[i] == 'event' and (f[i + 1] == 'done' or f[i + 1] == 'error') then return 0 end
+      end
+      seq = tonumber(string.match(tail[1][1], '-(%d+)$')) + 1
+    end
+    id = '0-' .. seq
+  end
+  local result = stored(redis.pcall('XADD', stream, id, unpack(fields)))
+  if type(result) == 'string' then return result end
+  redis.call('EXPIRE', stream, ttl)
+  if token ~= '' then redis.call('DEL', lease) end
+  return result
+end
+
+local results = {}
+local a = 1
+for s = 1, #K, 2 do
+  local stream, lease, token = K[s], K[s + 1], argv[a]
+  local seq, code = tonumber(argv[a + 1]), tonumber(argv[a + 2])
+  local count = math.floor(code / 4)
+  local with_logprobs = code % 4 >= 2
+  local has_end = code % 2 == 1
+  local ids, texts = a + 3, a + 3 + count
+  local after = texts + (with_logprobs and 2 or 1) * count
+  local nfields = has_end and tonumber(argv[after + 1]) or 0
+  a = has_end and after + 2 + nfields * 2 or after
+  local first = nil
+  if count > 0 then
+    first = seq
+  elseif has_end and argv[after] ~= '' then
+    first = tonumber(string.match(argv[after], '-(%d+)$'))
+  end
+  local result = 0
+  if not owns(lease, token) then
+    result = -1
+  elseif lost(stream, first) then
+    result = -2
+  else
+    for k = 0, count - 1 do
+      local ok
+      local logprob = with_logprobs and argv[texts + count + k] or ''
+      if logprob == '' then
+        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
+          'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k])
+      else
+        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
+          'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k],
+          'logprob', logprob)
+      end
+      ok = stored(ok)
+      if type(ok) == 'string' then result = ok break end
+      result = result + ok
+    end
+    if has_end and type(result) == 'number' then
+      local fields = {}
+      for k = 1, nfields * 2 do fields[k] = argv[after + 1 + k] end
+      local ended = end_stream(stream, lease, token, argv[after], fields)
+      if type(ended) == 'string' then result = ended else result = result + ended end
+    end
+  end
+  results[#results + 1] = result
+end
+return results
