@@ -2,7 +2,7 @@
 
 import sys
 
-from trtllm_worker.client.cli import main
+from trtllm_worker.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

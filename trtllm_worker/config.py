@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.queues import cancel_exchange_name, dead_queue_name
 
 ENV_PREFIX = "WORKER_"
 
@@ -376,11 +377,11 @@ class Settings(BaseSettings):
 
     @property
     def cancel_exchange(self) -> str:
-        return f"{self.queue}.cancel"
+        return cancel_exchange_name(self.queue)
 
     @property
     def dead_queue(self) -> str:
-        return f"{self.queue}.dead"
+        return dead_queue_name(self.queue)
 
 
 class _SettingError(ValueError):

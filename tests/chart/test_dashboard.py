@@ -11,7 +11,7 @@ import pytest
 
 from tests.chart.support import DASHBOARD
 from trtllm_worker.engine.base import EngineStats
-from trtllm_worker.ops.engine_stats import EngineStatsCollector
+from trtllm_worker.engine.stats import EngineStatsCollector
 from trtllm_worker.ops.metrics import Metrics
 
 Panel = dict[str, Any]

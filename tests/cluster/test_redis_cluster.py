@@ -150,7 +150,7 @@ async def test_check_finds_the_cluster(
     make_settings: Callable[..., Settings],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from trtllm_worker.ops.check import Report, _check_redis
+    from trtllm_worker.app.check import Report, _check_redis
 
     report = Report()
     await _check_redis(make_settings(redis_url=redis_cluster.url), report)
@@ -186,7 +186,7 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
     stale (a slot moved since), the node answers MOVED and the batch goes again through
     redis-py's cluster pipeline, which follows it. The batch lands on the slot's new
     node, and the client's map is corrected."""
-    from trtllm_worker.streams.connect import connect_redis
+    from trtllm_worker.connect.redis import connect_redis
     from trtllm_worker.streams.store import StreamStore
     from trtllm_worker.streams.wire import WriteBatch
 
@@ -237,7 +237,7 @@ async def test_a_batch_is_one_call_per_node(
     """A step of many streams, each in a slot of its own, goes to each master as one
     script call (one per stream would cost a reply and a script run per stream), and
     every entry lands in its stream, in order, with its lease honoured."""
-    from trtllm_worker.streams.connect import connect_redis
+    from trtllm_worker.connect.redis import connect_redis
     from trtllm_worker.streams.store import StreamStore
     from trtllm_worker.streams.wire import WriteBatch
 

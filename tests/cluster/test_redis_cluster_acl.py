@@ -15,7 +15,7 @@ from redis.exceptions import NoPermissionError
 from tests.cluster.conftest import LocalCluster, read_stream, redis_cli
 from tests.integration.conftest import Producer, WorkerFactory
 from tests.integration.test_grants import acl_json
-from trtllm_worker.streams.connect import QUIET_HANDSHAKE
+from trtllm_worker.connect.redis import QUIET_HANDSHAKE
 
 pytestmark = pytest.mark.cluster
 

@@ -181,7 +181,7 @@ async def test_check_finds_the_master_through_sentinel(
     make_settings: Callable[..., Settings],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from trtllm_worker.ops.check import Report, _check_redis
+    from trtllm_worker.app.check import Report, _check_redis
 
     report = Report()
     await _check_redis(make_settings(**worker_settings(sentinel_setup)), report)
@@ -195,7 +195,7 @@ async def test_a_wrong_sentinel_password_is_one_clear_line(
     make_settings: Callable[..., Settings],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from trtllm_worker.ops.check import Report, _check_redis
+    from trtllm_worker.app.check import Report, _check_redis
 
     settings = make_settings(**{**worker_settings(sentinel_setup), "redis_sentinel_password": "no"})
     report = Report()
@@ -283,7 +283,7 @@ async def test_sentinel_and_master_over_tls(
     client certificate of its settings, then writes to the master over TLS; `check`
     finds the master the same way, and without the client certificate it is refused in
     one line."""
-    from trtllm_worker.ops.check import Report, _check_redis
+    from trtllm_worker.app.check import Report, _check_redis
 
     master, sentinel = tls_sentinel_setup
     settings: dict[str, Any] = {

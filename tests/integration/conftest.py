@@ -21,8 +21,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.services import ServiceUrls
+from trtllm_worker.app.service import Service
 from trtllm_worker.config import Settings
-from trtllm_worker.service import Service
 
 Entry = dict[str, str]
 TERMINAL = ("done", "error")

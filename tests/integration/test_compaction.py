@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from tests.integration.conftest import Producer, Spawn, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import echo, wait_until
 from trtllm_worker.config import Settings
-from trtllm_worker.streams.connect import redis_client
+from trtllm_worker.connect.redis import redis_client
 from trtllm_worker.streams.store import StreamStore
 
 

@@ -38,7 +38,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_faults import assert_exact, wait_for_entries
 from tests.services import ServiceUrls
-from trtllm_worker.streams.connect import QUIET_HANDSHAKE
+from trtllm_worker.connect.redis import QUIET_HANDSHAKE
 
 ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin")
 ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin")

@@ -180,7 +180,7 @@ async def test_engine_death_hands_jobs_back_and_turns_unready(
 
         return create
 
-    monkeypatch.setattr("trtllm_worker.service.engine_factory", factory)
+    monkeypatch.setattr("trtllm_worker.app.service.engine_factory", factory)
     ids = [rid(), rid()]
     async with run_worker() as service:
         for request_id in ids:

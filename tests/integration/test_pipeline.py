@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from tests.services import ServiceUrls
 from trtllm_worker.broker.settle import Settler, outcome_of
 from trtllm_worker.config import REDIS_MAX_TTL_S, Settings
+from trtllm_worker.connect.redis import redis_client
 from trtllm_worker.contract.errors import (
     DeadlineExceeded,
     DeliveryLimitExceeded,
@@ -32,7 +33,6 @@ from trtllm_worker.pipeline.leases import Leases
 from trtllm_worker.pipeline.output import OutputProcessor, RequestState
 from trtllm_worker.pipeline.pump import OutputPump
 from trtllm_worker.pipeline.runner import JobRunner
-from trtllm_worker.streams.connect import redis_client
 from trtllm_worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamStore
 from trtllm_worker.streams.wire import AFTER_TAIL, WriteBatch
 from trtllm_worker.tokenizer import builtin_byte_tokenizer, load_tokenizer

@@ -22,8 +22,8 @@ from tests.integration.conftest import (
     worker_env,
 )
 from tests.services import ServiceUrls
+from trtllm_worker.app.service import event_loop_factory
 from trtllm_worker.contract.errors import ConfigError
-from trtllm_worker.service import event_loop_factory
 
 
 def rid() -> str:

@@ -14,8 +14,8 @@ import pytest
 
 from tests.services import ServiceUrls
 from trtllm_worker.client import Client
-from trtllm_worker.ops.grants import CONNECTION_COMMANDS
-from trtllm_worker.streams.connect import connect_redis
+from trtllm_worker.connect.grants import CONNECTION_COMMANDS
+from trtllm_worker.connect.redis import connect_redis
 
 
 class RecordingProxy:

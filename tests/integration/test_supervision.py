@@ -15,11 +15,11 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import http_is
+from trtllm_worker.app.service import EXIT_TASK_DIED
 from trtllm_worker.broker.cancel import CancelListener
 from trtllm_worker.ops.log import JsonFormatter, RequestIdFilter
 from trtllm_worker.pipeline.leases import Leases
 from trtllm_worker.pipeline.output import OutputProcessor
-from trtllm_worker.service import EXIT_TASK_DIED
 
 DIED_WITHIN_S = 10
 

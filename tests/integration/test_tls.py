@@ -23,8 +23,8 @@ import redis.asyncio as aioredis
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import free_port, run, wait_until
 from tests.private_rabbitmq import private_rabbitmq
-from trtllm_worker.broker.connect import amqp_ssl_context
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.amqp import amqp_ssl_context
 
 CA_CONFIG = """\
 [req]

@@ -261,7 +261,7 @@ def test_without_the_variables_opentelemetry_is_never_imported() -> None:
         "import redis.asyncio, aio_pika\n"
         "def loaded(): return {m for m in sys.modules if m.startswith('opentelemetry')}\n"
         "baseline = loaded()\n"
-        "import trtllm_worker.service, trtllm_worker.broker.consumer\n"
+        "import trtllm_worker.app.service, trtllm_worker.broker.consumer\n"
         "import trtllm_worker.pipeline.runner\n"
         "from trtllm_worker.ops.tracing import start_tracing\n"
         "url = {'OTEL_EXPORTER_OTLP_ENDPOINT': 'http://h:4318'}\n"

@@ -16,7 +16,7 @@ from pamqp import commands
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
 from tests.raw_amqp import publish_raw
 from tests.services import ServiceUrls
-from trtllm_worker.service import Service
+from trtllm_worker.app.service import Service
 
 BAD = b"\xff\xfe\xc3\x28"  # not UTF-8: two invalid start bytes, then a broken pair
 LOST = "broker connection lost"

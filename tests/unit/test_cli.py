@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from trtllm_worker import __version__
-from trtllm_worker.client import DeadLetter, DoneEvent
-from trtllm_worker.client.cli import (
+from trtllm_worker.app.cli import (
     EXIT_CONFIG,
     EXIT_FAILED,
     UsageError,
@@ -20,6 +19,7 @@ from trtllm_worker.client.cli import (
     parse_params,
     summary,
 )
+from trtllm_worker.client import DeadLetter, DoneEvent
 from trtllm_worker.config import ENV_PREFIX
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_worker.broker.connect import connect
+from trtllm_worker.connect.amqp import connect
 
 
 def closed_port() -> int:
@@ -32,7 +32,7 @@ def open_sockets() -> int:
 
 PROGRAM = """
 import asyncio, gc, logging, sys
-from trtllm_worker.broker.connect import connect
+from trtllm_worker.connect.amqp import connect
 
 logging.disable(logging.CRITICAL)  # aio-pika logs each refused attempt; that is expected
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtllm_worker.config import Settings
-from trtllm_worker.ops.grants import as_text
+from trtllm_worker.connect.grants import as_text
 
 SECURITY_PAGE = Path(__file__).parents[2] / "docs" / "security.md"
 

@@ -1,4 +1,4 @@
-"""The pamqp guard (`trtllm_worker/broker/shortstr.py`): frames whose short strings are not
+"""The pamqp guard (`trtllm_worker/connect/shortstr.py`): frames whose short strings are not
 UTF-8 decode instead of raising, and everything else decodes exactly as pamqp's own
 decoders do (compared with a fresh, unpatched copy of `pamqp.decode`). The broker-side
 behaviour is tested in tests/integration/test_undecodable.py."""
@@ -17,8 +17,8 @@ from pamqp import commands, encode, frame, header
 
 import trtllm_worker.broker.consumer  # noqa: F401  (installs the guard, as the worker does)
 from tests.raw_amqp import patched
-from trtllm_worker.broker import shortstr
-from trtllm_worker.broker.messages import decodable_table
+from trtllm_worker.connect import shortstr
+from trtllm_worker.connect.messages import decodable_table
 
 BAD = b"\xff\xfe\xc3\x28"
 

@@ -1,1 +1,1 @@
-"""RabbitMQ: connecting (URLs, TLS), consuming jobs, settling messages, the cancel fanout."""
+"""RabbitMQ, the worker's side: consuming jobs, settling messages, the cancel fanout."""

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from aio_pika.abc import AbstractIncomingMessage
 
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.job import parse_cancel
 from trtllm_worker.contract.stream import stream_key
 from trtllm_worker.ops.log import about
-from trtllm_worker.streams.connect import REDIS_FAILURES
 from trtllm_worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)

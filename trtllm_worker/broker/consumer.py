@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
 import aio_pika
@@ -18,12 +17,14 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from trtllm_worker.broker import shortstr
 from trtllm_worker.broker.cancel import CancelListener
-from trtllm_worker.broker.connect import amqp_reply, connect_robust
-from trtllm_worker.broker.messages import published_ns, undecodable_fields
 from trtllm_worker.broker.settle import ACKNOWLEDGE, HAND_BACK, Outcome, Settler, outcome_of
 from trtllm_worker.config import Settings, redact_url
+from trtllm_worker.connect import shortstr
+from trtllm_worker.connect.amqp import amqp_reply, connect_robust
+from trtllm_worker.connect.grants import rabbitmq_refusal
+from trtllm_worker.connect.messages import published_ns, undecodable_fields
+from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import (
     Action,
     ConfigError,
@@ -32,8 +33,8 @@ from trtllm_worker.contract.errors import (
     WorkerError,
 )
 from trtllm_worker.contract.job import Job, request_id_of
+from trtllm_worker.contract.queues import cancel_queue_name
 from trtllm_worker.contract.stream import stream_key
-from trtllm_worker.ops.grants import rabbitmq_refusal
 from trtllm_worker.ops.log import request_id_var
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import (
@@ -45,7 +46,6 @@ from trtllm_worker.ops.tracing import (
 )
 from trtllm_worker.pipeline.intake import Intake
 from trtllm_worker.pipeline.runner import Admit, JobResult
-from trtllm_worker.streams.connect import REDIS_FAILURES
 from trtllm_worker.streams.store import StreamStore
 
 log = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ class Consumer:
     async def _refuse_undecodable(
         self, message: AbstractIncomingMessage, fields: list[str]
     ) -> None:
-        """A message whose AMQP short strings are not UTF-8 (`trtllm_worker.broker.shortstr`) is
+        """A message whose AMQP short strings are not UTF-8 (`trtllm_worker.connect.shortstr`) is
         invalid: dead-lettered without them, the reason naming them and their bytes, and
         acknowledged. Its stream gets the `error` entry if its body names a request id.
         Nothing of it reaches logs or traces but that reason."""
@@ -385,8 +385,3 @@ def trace_result(trace: JobTrace, result: JobResult) -> None:
         attributes["gen_ai.response.finish_reasons"] = (str(finish),)
     if result.first_token_s is not None:
         attributes["trtllm_worker.time_to_first_token_s"] = result.first_token_s
-
-
-def cancel_queue_name(exchange: str) -> str:
-    """This worker's exclusive queue on the cancel fanout: `<queue>.cancel.<12 hex>`."""
-    return f"{exchange}.{uuid.uuid4().hex[:12]}"

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from trtllm_worker.broker.messages import persistent_copy
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.messages import persistent_copy
+from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerError
 from trtllm_worker.contract.job import valid_request_id
 from trtllm_worker.contract.stream import error_fields, stream_key
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import DEAD_LETTERED, TERMINAL, JobTrace
-from trtllm_worker.streams.connect import REDIS_FAILURES
 from trtllm_worker.streams.store import Ended, StreamStore
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from trtllm_worker.broker.connect import connect, reason
-from trtllm_worker.broker.messages import PUBLISHED_MS_HEADER, persistent_copy
 from trtllm_worker.client.admin import (
     DROPPED_HEADERS,
     RESET_FOR_REQUEUE,
@@ -47,6 +45,9 @@ from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, parse_entr
 from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
 from trtllm_worker.client.tracecontext import trace_headers
 from trtllm_worker.config import Settings, redact_url
+from trtllm_worker.connect.amqp import connect, reason
+from trtllm_worker.connect.messages import PUBLISHED_MS_HEADER, persistent_copy
+from trtllm_worker.connect.redis import AnyRedis, connect_redis
 from trtllm_worker.contract.job import (
     REQUEST_ID_PATTERN,
     JobLimits,
@@ -54,7 +55,6 @@ from trtllm_worker.contract.job import (
     valid_request_id,
 )
 from trtllm_worker.contract.stream import TERMINAL_EVENTS, deliveries_key, stream_key
-from trtllm_worker.streams.connect import AnyRedis, connect_redis
 from trtllm_worker.streams.store import mark_cancelled
 
 XREAD_BLOCK_MS = 2000

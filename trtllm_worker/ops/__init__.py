@@ -1,1 +1,1 @@
-"""Operations: logs, metrics, the HTTP probes, `check`, and task supervision."""
+"""Observability and supervision: logs, metrics, traces, the HTTP probes, task supervision."""

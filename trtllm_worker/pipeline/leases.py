@@ -11,8 +11,8 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
+from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import HandBack
-from trtllm_worker.streams.connect import REDIS_FAILURES
 from trtllm_worker.streams.store import StreamState, StreamStore
 
 log = logging.getLogger(__name__)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import HandBack, StreamUnusable, WorkerError
 from trtllm_worker.engine.base import EngineOutput
 from trtllm_worker.engine.looper import Looper
@@ -19,7 +20,6 @@ from trtllm_worker.ops.log import about
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import OutputProcessor, ProcessedBatch, RequestState, Terminal
-from trtllm_worker.streams.connect import REDIS_FAILURES
 from trtllm_worker.streams.refusals import refused_for_good
 from trtllm_worker.streams.store import ENTRIES_LOST_REASON, LEASE_LOST_REASON, StreamStore
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.redis import REDIS_UNAVAILABLE
 from trtllm_worker.contract.errors import DeadlineExceeded, HandBack, WorkerError
 from trtllm_worker.contract.job import Job, metadata_json
 from trtllm_worker.contract.stream import FinishReason, entry_id
@@ -24,7 +25,6 @@ from trtllm_worker.pipeline.intake import Intake, PreparedInput
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
 from trtllm_worker.pipeline.pump import RETRY_MAX_S, OutputPump
-from trtllm_worker.streams.connect import REDIS_UNAVAILABLE
 from trtllm_worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamState, StreamStore
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""Redis: the one place a client is built, and every write of the worker, fenced."""
+"""Redis: every write of the worker, fenced."""

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from trtllm_worker.streams.connect import NotReplicated
+from trtllm_worker.connect.redis import NotReplicated
 from trtllm_worker.streams.topology import ScriptCall, Topology
 from trtllm_worker.streams.wire import WriteBatch, write_argv
 

@@ -29,6 +29,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
+from trtllm_worker.connect.redis import NotReplicated
 from trtllm_worker.contract.errors import StreamUnusable
 from trtllm_worker.contract.stream import (
     TERMINAL_EVENTS,
@@ -38,7 +39,6 @@ from trtllm_worker.contract.stream import (
     lease_key,
 )
 from trtllm_worker.streams.cluster import ClusterNodes
-from trtllm_worker.streams.connect import NotReplicated
 from trtllm_worker.streams.refusals import acl_refused, refused_for_good
 from trtllm_worker.streams.scripts import ENTRIES_LOST, LEASE_LOST, lua
 from trtllm_worker.streams.single import SingleNode

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtllm_worker.broker.connect import amqp_reply, connect
 from trtllm_worker.config import Settings, redact_url
+from trtllm_worker.connect.amqp import amqp_reply, connect
+from trtllm_worker.connect.grants import redis_refusal
+from trtllm_worker.connect.redis import connect_redis, redis_version
 from trtllm_worker.contract.errors import ConfigError
-from trtllm_worker.ops.grants import redis_refusal
-from trtllm_worker.streams.connect import connect_redis, redis_version
+from trtllm_worker.contract.queues import cancel_queue_name
 from trtllm_worker.streams.store import StreamStore
 
 if TYPE_CHECKING:
@@ -171,8 +172,6 @@ async def _check_cancel_queue(
     gone with this check's connection (and deleted at once)."""
     import aio_pika
     import aiormq
-
-    from trtllm_worker.broker.consumer import cancel_queue_name
 
     what = "cancel queue"
     try:

@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _acl(settings: Settings, *, as_json: bool) -> int:
-    from trtllm_worker.ops import grants
+    from trtllm_worker.connect import grants
 
     try:
         text = grants.as_json(settings) + "\n" if as_json else grants.as_text(settings)
@@ -187,7 +187,7 @@ def _acl(settings: Settings, *, as_json: bool) -> int:
 
 
 def _serve(settings: Settings) -> int:
-    from trtllm_worker.service import event_loop_factory, serve
+    from trtllm_worker.app.service import event_loop_factory, serve
 
     setup_logging(settings.log_level, settings.log_format)
     try:
@@ -353,7 +353,7 @@ def parse_metadata(raw: str | None) -> dict[str, Any] | None:
 
 async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "check":
-        from trtllm_worker.ops.check import check
+        from trtllm_worker.app.check import check
 
         return EXIT_FAILED if await check(settings) else EXIT_OK
     from trtllm_worker.client import Client

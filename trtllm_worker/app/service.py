@@ -19,11 +19,12 @@ from prometheus_client import disable_created_metrics
 from trtllm_worker.broker.cancel import CancelListener
 from trtllm_worker.broker.consumer import Consumer
 from trtllm_worker.config import Settings, redact_url
+from trtllm_worker.connect.grants import redis_refusal
+from trtllm_worker.connect.redis import REDIS_FAILURES, connect_redis
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.engine import engine_factory, start_engine
 from trtllm_worker.engine.looper import Looper
-from trtllm_worker.ops.engine_stats import EngineStatsCollector
-from trtllm_worker.ops.grants import redis_refusal
+from trtllm_worker.engine.stats import EngineStatsCollector
 from trtllm_worker.ops.http import ProbeServer
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.supervise import Supervisor
@@ -34,7 +35,6 @@ from trtllm_worker.pipeline.intake import Intake
 from trtllm_worker.pipeline.leases import Leases
 from trtllm_worker.pipeline.pump import OutputPump
 from trtllm_worker.pipeline.runner import JobRunner
-from trtllm_worker.streams.connect import REDIS_FAILURES, connect_redis
 from trtllm_worker.streams.store import StreamStore
 from trtllm_worker.tokenizer import tokenizer_for
 

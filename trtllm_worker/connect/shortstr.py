@@ -97,7 +97,7 @@ def install() -> None:
     found = version("pamqp")
     if found != PAMQP_VERSION:
         raise RuntimeError(
-            f"pamqp {found} is installed; trtllm_worker/broker/shortstr.py replaces decoders "
+            f"pamqp {found} is installed; trtllm_worker/connect/shortstr.py replaces decoders "
             f"copied from pamqp {PAMQP_VERSION}: compare them with the new "
             "pamqp/decode.py and update PAMQP_VERSION (or drop the guard if pamqp "
             "decodes short strings that are not UTF-8 itself)"

@@ -12,8 +12,7 @@ from trtllm_worker.engine.base import EngineStats
 
 
 class EngineStatsCollector(Collector):
-    """Engine statistics as gauges, read at scrape time from the looper's latest sample
-    (so no task copies them around)."""
+    """Gauges for the worker's registry; `source` returns the latest sample."""
 
     def __init__(self, source: Callable[[], EngineStats]) -> None:
         self._source = source

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.queues import CANCEL_QUEUE_ID_HEX
 
 PASSWORD = "PASSWORD"
 """The placeholder an operator replaces (`>PASSWORD` in the rules)."""
@@ -103,7 +104,7 @@ def _either(*names: str) -> str:
 
 
 NOTHING = "^$"
-OWN_QUEUE = r"\.[0-9a-f]{12}"
+OWN_QUEUE = rf"\.[0-9a-f]{{{CANCEL_QUEUE_ID_HEX}}}"
 """After the cancel exchange's name: a worker's exclusive cancel queue (only its own
 connection can use it)."""
 DEFAULT_EXCHANGE = r"amq\.default"

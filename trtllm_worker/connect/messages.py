@@ -8,12 +8,8 @@ from typing import Any, Final
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
-from trtllm_worker.broker.shortstr import raw, undecodable
-
-PUBLISHED_MS_HEADER = "timestamp_in_ms"
-"""Milliseconds since the epoch at publication, as RabbitMQ's message-timestamp plugin
-names it (the SDK sets it too); the AMQP `timestamp` property holds whole seconds."""
-
+from trtllm_worker.connect.shortstr import raw, undecodable
+from trtllm_worker.contract.queues import PUBLISHED_MS_HEADER
 
 STRING_PROPERTIES: Final = (
     "content_type",
@@ -30,7 +26,7 @@ STRING_PROPERTIES: Final = (
 
 def undecodable_fields(message: AbstractIncomingMessage) -> list[str]:
     """Each property and header key of the message whose bytes are not UTF-8 (see
-    `trtllm_worker.broker.shortstr`), with those bytes: `message_id b'\\xff'`,
+    `trtllm_worker.connect.shortstr`), with those bytes: `message_id b'\\xff'`,
     `headers[b'\\xfe']`, `headers['x-a'][b'\\xfe']`. Empty for a sound message."""
     found = [
         f"{name} {raw(value)!r}"
