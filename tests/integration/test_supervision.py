@@ -15,8 +15,8 @@ import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import http_is
-from trtllm_worker.app.service import EXIT_TASK_DIED
 from trtllm_worker.broker.cancel import CancelListener
+from trtllm_worker.contract.exits import ExitCode
 from trtllm_worker.ops.log import JsonFormatter, RequestIdFilter
 from trtllm_worker.pipeline.leases import Leases
 from trtllm_worker.pipeline.output import OutputProcessor
@@ -40,7 +40,7 @@ async def test_a_dead_output_pump_stops_the_worker(
         await producer.publish({"request_id": rid(), "inputs": "abc"})
         await asyncio.wait_for(service.wait_stopped(), DIED_WITHIN_S)
         assert service.supervisor.dead == "pump"
-        assert service.exit_code == EXIT_TASK_DIED
+        assert service.exit_code == ExitCode.TASK_DIED
         assert await http_is(service.http_port, "/healthz", 503)
         assert await http_is(service.http_port, "/readyz", 503)
 
@@ -54,7 +54,7 @@ async def test_a_dead_cancel_listener_stops_the_worker(
         await producer.cancel(rid())
         await asyncio.wait_for(service.wait_stopped(), DIED_WITHIN_S)
         assert service.supervisor.dead == "cancels"
-        assert service.exit_code == EXIT_TASK_DIED
+        assert service.exit_code == ExitCode.TASK_DIED
         assert await http_is(service.http_port, "/healthz", 503)
 
 
@@ -65,7 +65,7 @@ async def test_a_dead_lease_keeper_stops_the_worker(
     async with run_worker(lease_ttl_s=0.5) as service:
         await asyncio.wait_for(service.wait_stopped(), DIED_WITHIN_S)
         assert service.supervisor.dead == "leases"
-        assert service.exit_code == EXIT_TASK_DIED
+        assert service.exit_code == ExitCode.TASK_DIED
 
 
 class JsonLines(logging.Handler):

@@ -25,6 +25,7 @@ from tests.integration.test_faults import free_port, run, wait_until
 from tests.private_rabbitmq import private_rabbitmq
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.amqp import amqp_ssl_context
+from trtllm_worker.contract.exits import Unavailable
 
 CA_CONFIG = """\
 [req]
@@ -225,7 +226,7 @@ async def test_rediss_without_the_client_certificate_is_refused(
     tls_redis: tuple[str, aioredis.Redis], certificates: Path, run_worker: WorkerFactory
 ) -> None:
     url, _ = tls_redis
-    with pytest.raises(ConnectionError, match="cannot connect to Redis"):
+    with pytest.raises(Unavailable, match="cannot connect to Redis"):
         async with run_worker(redis_url=url, redis_ca_file=certificates / "ca.crt"):
             pass
 
@@ -296,6 +297,6 @@ async def test_amqps_without_the_client_certificate_is_refused(
     tls_broker: int, certificates: Path, run_worker: WorkerFactory
 ) -> None:
     url = f"amqps://guest:guest@localhost:{tls_broker}/"
-    with pytest.raises(ConnectionError, match="cannot connect to RabbitMQ"):
+    with pytest.raises(Unavailable, match="cannot connect to RabbitMQ"):
         async with run_worker(amqp_url=url, amqp_ca_file=certificates / "ca.crt"):
             pass

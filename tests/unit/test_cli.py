@@ -9,8 +9,6 @@ import pytest
 
 from trtllm_worker import __version__
 from trtllm_worker.app.cli import (
-    EXIT_CONFIG,
-    EXIT_FAILED,
     UsageError,
     build_parser,
     dead_letter_line,
@@ -21,6 +19,9 @@ from trtllm_worker.app.cli import (
 )
 from trtllm_worker.client import DeadLetter, DoneEvent
 from trtllm_worker.config import ENV_PREFIX
+from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.exits import ExitCode, StartupError, Unavailable
+from trtllm_worker.engine import EngineStartTimeout
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +85,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
-    assert info.value.code == EXIT_CONFIG
+    assert info.value.code == ExitCode.CONFIG
     assert "invalid choice" in capsys.readouterr().err
 
 
@@ -114,7 +115,7 @@ def test_dead_letter_line() -> None:
 
 
 def test_invalid_job_exits_2_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["submit", "hi", "-p", "top_p=1.5"]) == EXIT_CONFIG
+    assert main(["submit", "hi", "-p", "top_p=1.5"]) == ExitCode.CONFIG
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
@@ -126,14 +127,14 @@ def test_bad_setting_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("WORKER_QUEUE_TYPE", "lazy")
-    assert main(["check"]) == EXIT_CONFIG
+    assert main(["check"]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert err.startswith("trtllm-worker: invalid setting WORKER_QUEUE_TYPE")
     assert err.count("\n") == 1
 
 
 def test_check_without_services_reports_both(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check"]) == EXIT_FAILED
+    assert main(["check"]) == ExitCode.FAILED
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out if line.startswith("problem")] == [
         "problem RabbitMQ",
@@ -149,6 +150,22 @@ def test_check_names_files_that_do_not_exist(
     present.write_text("")
     monkeypatch.setenv("WORKER_REDIS_CA_FILE", str(present))
     monkeypatch.setenv("WORKER_LLM_EXTRA_OPTIONS", str(tmp_path / "extra.yaml"))
-    assert main(["check"]) == EXIT_FAILED
+    assert main(["check"]) == ExitCode.FAILED
     found = [line for line in capsys.readouterr().out.splitlines() if "WORKER_" in line]
     assert found == [f"problem WORKER_LLM_EXTRA_OPTIONS: {tmp_path / 'extra.yaml'} does not exist"]
+
+
+def test_help_lists_every_exit_code_once() -> None:
+    epilog = build_parser().epilog or ""
+    assert epilog.startswith("exit codes: 0 ok; 1 job failed")
+    listed = [int(part.split()[0]) for part in epilog.removeprefix("exit codes: ").split("; ")]
+    assert listed == [code.value for code in ExitCode]
+
+
+def test_start_up_errors_carry_their_exit_code() -> None:
+    assert ConfigError("x").exit_code == ExitCode.CONFIG
+    assert Unavailable("x").exit_code == ExitCode.UNAVAILABLE
+    assert (ExitCode.CONFIG.value, ExitCode.UNAVAILABLE.value) == (2, 69)
+    assert EngineStartTimeout("x").exit_code == ExitCode.UNAVAILABLE
+    assert not issubclass(EngineStartTimeout, ConnectionError)
+    assert issubclass(ConfigError, StartupError)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtllm_worker.config import Settings, redact_url
-from trtllm_worker.connect.amqp import amqp_reply, connect
+from trtllm_worker.connect.amqp import BrokerUnavailable, amqp_reply, connect
 from trtllm_worker.connect.grants import redis_refusal
 from trtllm_worker.connect.redis import connect_redis, redis_version
 from trtllm_worker.contract.errors import ConfigError
@@ -53,7 +53,7 @@ async def check(settings: Settings) -> int:
 async def _check_broker(settings: Settings, report: Report) -> None:
     try:
         connection = await connect(settings.amqp_url, settings=settings, name=CHECK_NAME)
-    except ConnectionError as exc:
+    except BrokerUnavailable as exc:
         report.problem(f"RabbitMQ: {exc}")
         return
     async with connection:

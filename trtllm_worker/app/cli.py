@@ -1,10 +1,7 @@
 """The `trtllm-worker` command (also `python -m trtllm_worker`). `serve` is the default.
 
-Exit codes: 0 success; 1 the job ended with an error, `check` found a problem, or a
-requested dead letter is not there; 2 bad settings, an invalid job or bad arguments;
-3 (`serve`) the engine died; 69 RabbitMQ, Redis (or the engine, for `serve`) unavailable,
-or the job queue not declared yet; 75 `--timeout` passed before the job ended; 130
-interrupted."""
+Exit codes: `ExitCode` (trtllm_worker/contract/exits.py), listed by `--help`. An error a
+user can act on is one line on stderr and its code, never a traceback."""
 
 from __future__ import annotations
 
@@ -22,18 +19,12 @@ from typing import TYPE_CHECKING, Any
 from trtllm_worker import __version__
 from trtllm_worker.config import Settings, load_settings
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.exits import ExitCode, StartupError, exit_codes_help
 from trtllm_worker.ops.log import setup_logging
 
 if TYPE_CHECKING:
     from trtllm_worker.client import Client, DeadLetter, DoneEvent
     from trtllm_worker.client.sdk import JobOptions
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a service the command needs does not answer
-EXIT_TIMEOUT = 75  # EX_TEMPFAIL: the job did not end within --timeout
-EXIT_INTERRUPTED = 130
 
 PROG = "trtllm-worker"
 
@@ -44,9 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve TensorRT-LLM from a RabbitMQ job queue into Redis streams, and "
         "submit, follow, cancel and inspect jobs. Settings come from WORKER_* variables "
         "(and .env). Without a command: serve.",
-        epilog="exit codes: 0 ok; 1 job failed, check found problems, dead letter not found; "
-        "2 bad settings, invalid job or arguments; 3 engine died (serve); 69 RabbitMQ or "
-        "Redis unavailable, or the queue not declared; 75 --timeout passed; 130 interrupted",
+        epilog=exit_codes_help(),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -156,7 +145,7 @@ def _timeout_option(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help=f"give up (exit {EXIT_TIMEOUT}) if the job has not ended by then",
+        help=f"give up (exit {ExitCode.TIMEOUT.value}) if the job has not ended by then",
     )
 
 
@@ -166,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
     except ConfigError as exc:
         _error(str(exc))
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     if args.command in (None, "serve"):
         return _serve(settings)
     if args.command == "acl":
@@ -181,9 +170,9 @@ def _acl(settings: Settings, *, as_json: bool) -> int:
         text = grants.as_json(settings) + "\n" if as_json else grants.as_text(settings)
     except ConfigError as exc:
         _error(str(exc))
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     sys.stdout.write(text)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _serve(settings: Settings) -> int:
@@ -193,14 +182,11 @@ def _serve(settings: Settings) -> int:
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
             return runner.run(serve(settings))
-    except ConfigError as exc:
+    except StartupError as exc:  # bad settings (2), RabbitMQ/Redis/engine unavailable (69)
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ConnectionError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return exc.exit_code
     except KeyboardInterrupt:
-        return 0
+        return ExitCode.OK
 
 
 def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -220,20 +206,20 @@ def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
         return asyncio.run(_client_command(args, settings))
     except (ConfigError, InvalidJobError, UsageError) as exc:
         _error(str(exc))
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     except ServiceUnavailable as exc:
         _error(str(exc))
-        return EXIT_UNAVAILABLE
+        return ExitCode.UNAVAILABLE
     except ClientError as exc:
         _error(str(exc))
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except (RedisError, aiormq.exceptions.AMQPError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             return _broken_pipe()
         _error(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-        return EXIT_UNAVAILABLE
+        return ExitCode.UNAVAILABLE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 class UsageError(ValueError):
@@ -252,7 +238,7 @@ def _broken_pipe() -> int:
     """stdout was closed (`| head`): stop quietly, without Python's flush error at exit."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    return EXIT_FAILED
+    return ExitCode.FAILED
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -355,7 +341,7 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "check":
         from trtllm_worker.app.check import check
 
-        return EXIT_FAILED if await check(settings) else EXIT_OK
+        return ExitCode.FAILED if await check(settings) else ExitCode.OK
     from trtllm_worker.client import Client
 
     async with Client(settings) as client:
@@ -366,7 +352,7 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
         if args.command == "cancel":
             await client.cancel(args.request_id)
             _note(f"cancel sent for {args.request_id}")
-            return EXIT_OK
+            return ExitCode.OK
         if args.command == "dead-letters":
             return await _dead_letters(client, args.requeue, args.request_ids)
     raise UsageError(f"unknown command {args.command!r}")
@@ -381,7 +367,7 @@ async def _submit(client: Client, args: argparse.Namespace) -> int:
     )
     if not args.follow:
         print(request_id, flush=True)
-        return EXIT_OK
+        return ExitCode.OK
     _note(f"request {request_id}")
     return await _follow(client, request_id, "0", args.timeout, started)
 
@@ -410,20 +396,20 @@ async def _follow(
                     out.flush()
                 if isinstance(event, ErrorEvent):
                     _error(f"request {request_id} failed: {event.code}: {event.message}")
-                    return EXIT_FAILED
+                    return ExitCode.FAILED
                 if isinstance(event, DoneEvent):
                     _note(summary(request_id, event, submitted, first_token, time.monotonic()))
-                    return EXIT_OK
+                    return ExitCode.OK
     except TimeoutError:
         if not ends_with_newline:
             out.write(b"\n")
         _error(f"request {request_id} has not ended within {wait_s:g}s")
-        return EXIT_TIMEOUT
+        return ExitCode.TIMEOUT
     except BrokenPipeError:
         return _broken_pipe()
     # no terminal entry after `from_id`: the stream had already ended at or before it
     _note(f"{request_id}: ended at or before entry {from_id}, nothing after it")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def summary(
@@ -470,4 +456,4 @@ async def _dead_letters(client: Client, requeue: bool, request_ids: list[str] | 
     missing = [i for i in wanted or [] if i not in {letter.request_id for letter in letters}]
     for request_id in missing:
         _error(f"no dead letter of request {request_id} in {client.dead_queue!r}")
-    return EXIT_FAILED if missing else EXIT_OK
+    return ExitCode.FAILED if missing else ExitCode.OK

@@ -22,6 +22,7 @@ from trtllm_worker.config import Settings, redact_url
 from trtllm_worker.connect.grants import redis_refusal
 from trtllm_worker.connect.redis import REDIS_FAILURES, connect_redis
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.exits import ExitCode, Unavailable
 from trtllm_worker.engine import engine_factory, start_engine
 from trtllm_worker.engine.looper import Looper
 from trtllm_worker.engine.stats import EngineStatsCollector
@@ -75,10 +76,6 @@ def model_name(settings: Settings) -> str:
 
 REDIS_CHECK_S = 2.0
 
-EXIT_OK = 0
-EXIT_ENGINE_DEAD = 3
-EXIT_TASK_DIED = 70  # EX_SOFTWARE: a background task of the worker died
-
 
 class Service:
     """One worker: use `async with Service(settings) as service:`; leaving the block
@@ -128,7 +125,7 @@ class Service:
                 settings.redis_url, settings=settings, client_name="trtllm-worker"
             )
         except REDIS_FAILURES as exc:
-            raise ConnectionError(
+            raise Unavailable(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
         self._store = store = StreamStore(
@@ -165,11 +162,11 @@ class Service:
             await store.ping()
             refused = await store.refused_commands(settings.stream_prefix)
         except REDIS_FAILURES as exc:
-            raise ConnectionError(
+            raise Unavailable(
                 f"cannot connect to Redis at {redact_url(settings.redis_url)}: {exc}"
             ) from None
         if refused:
-            raise ConnectionError(redis_refusal(settings, refused))
+            raise Unavailable(redis_refusal(settings, refused))
         self.redis_up = True
         self.supervisor.start("redis-watch", self._watch_redis())
         cancels = CancelListener(settings, store, runner.cancel)
@@ -300,10 +297,10 @@ class Service:
         return ok
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         if self.engine_failed:
-            return EXIT_ENGINE_DEAD
-        return EXIT_TASK_DIED if self.supervisor.dead is not None else EXIT_OK
+            return ExitCode.ENGINE_DIED
+        return ExitCode.TASK_DIED if self.supervisor.dead is not None else ExitCode.OK
 
     def _on_task_death(self, name: str, exc: BaseException | None) -> None:
         log.error("stopping: the %s task is dead", name)
@@ -343,9 +340,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 Python's default 5 ms switch interval can keep it waiting that long to get it back."""
 
 
-async def serve(settings: Settings) -> int:
-    """Run a worker until SIGTERM/SIGINT (exit 0 after draining), engine death (3) or
-    the death of a background task (70)."""
+async def serve(settings: Settings) -> ExitCode:
+    """Run a worker until SIGTERM/SIGINT (OK after draining), engine death (ENGINE_DIED)
+    or the death of a background task (TASK_DIED)."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     # `_created` series double every family for no use to an operator; set here, in the
     # worker's own process, never on import (the SDK lives in other applications)

@@ -32,6 +32,7 @@ from trtllm_worker.contract.errors import (
     InvalidJob,
     WorkerError,
 )
+from trtllm_worker.contract.exits import Unavailable
 from trtllm_worker.contract.job import Job, request_id_of
 from trtllm_worker.contract.queues import cancel_queue_name
 from trtllm_worker.contract.stream import stream_key
@@ -124,11 +125,11 @@ class Consumer:
 
     async def start(self) -> None:
         """Connect, declare the topology, start consuming. A permission the broker
-        refuses is `ConnectionError` with one line naming it."""
+        refuses is `Unavailable` with one line naming it."""
         try:
             await self._start()
         except aiormq.exceptions.ChannelAccessRefused as exc:
-            raise ConnectionError(rabbitmq_refusal(amqp_reply(exc))) from None
+            raise Unavailable(rabbitmq_refusal(amqp_reply(exc))) from None
 
     async def _start(self) -> None:
         settings = self._settings

@@ -15,11 +15,19 @@ from aio_pika.robust_connection import RobustConnection
 from yarl import URL
 
 from trtllm_worker.config import Settings, redact_url, split_urls
+from trtllm_worker.contract.exits import Unavailable
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_INTERVAL_S = 1.0
+
+
+class BrokerUnavailable(Unavailable, ConnectionError):
+    """No RabbitMQ node answered (exit 69). A `ConnectionError` too: the SDK reports it
+    as `ServiceUnavailable`, `check` as a problem."""
+
+
 """Between attempts to reconnect (aio-pika's default is 5 s; a node that is down costs one)."""
 
 
@@ -104,7 +112,7 @@ class ClusterConnection(RobustConnection):
 
 async def connect_robust(settings: Settings, name: str) -> AbstractRobustConnection:
     """The worker's connection (`ClusterConnection`). At start every node is tried once,
-    in order; `ConnectionError` with one line when none answers."""
+    in order; `BrokerUnavailable` with one line when none answers."""
     urls = settings.amqp_urls
     failures: list[str] = []
     for first, url in enumerate(urls):
@@ -121,7 +129,7 @@ async def connect_robust(settings: Settings, name: str) -> AbstractRobustConnect
             failures.append(f"{redact_url(url)}: {reason(exc)}")
             continue
         return connection
-    raise ConnectionError(f"cannot connect to RabbitMQ at {'; '.join(failures)}")
+    raise BrokerUnavailable(f"cannot connect to RabbitMQ at {'; '.join(failures)}")
 
 
 async def connect(
@@ -129,7 +137,7 @@ async def connect(
 ) -> AbstractConnection:
     """A plain connection for a short-lived user (the SDK, `check`) to the first of the
     comma-separated nodes in `url` that answers: failures surface at once as
-    `ConnectionError` with one line, for the caller to report or retry."""
+    `BrokerUnavailable` with one line, for the caller to report or retry."""
     failures: list[str] = []
     for each in split_urls(url):
         # not `aio_pika.connect`: it leaves a failed attempt open, and its `__del__`
@@ -146,4 +154,4 @@ async def connect(
             failures.append(f"{redact_url(each)}: {reason(exc)}")
             continue
         return connection
-    raise ConnectionError(f"cannot connect to RabbitMQ at {'; '.join(failures)}")
+    raise BrokerUnavailable(f"cannot connect to RabbitMQ at {'; '.join(failures)}")

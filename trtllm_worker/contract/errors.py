@@ -7,6 +7,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import ClassVar, Final
 
+from trtllm_worker.contract.exits import ExitCode, StartupError
+
 INVALID_REQUEST: Final = "invalid_request"
 INPUT_TOO_LONG: Final = "input_too_long"
 DEADLINE_EXCEEDED: Final = "deadline_exceeded"
@@ -98,5 +100,7 @@ class RetryLater(WorkerError):
     action = Action.RETRY
 
 
-class ConfigError(Exception):
-    """A setting is malformed or out of range; the message is one line naming it."""
+class ConfigError(StartupError):
+    """A setting is malformed or out of range; the message is one line naming it (exit 2)."""
+
+    exit_code = ExitCode.CONFIG

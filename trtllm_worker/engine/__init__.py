@@ -1,4 +1,4 @@
-"""Engines behind one interface; `create_engine` picks one from the settings. The
+"""Engines behind one interface; `engine_factory` picks one from the settings. The
 TensorRT-LLM engines (and `tensorrt_llm` itself) are imported only when chosen."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.exits import Unavailable
 from trtllm_worker.engine.base import Engine
 from trtllm_worker.engine.echo import EchoEngine
 from trtllm_worker.tokenizer import TokenizerInfo
@@ -20,7 +21,7 @@ INSTALL_HINT = (
 )
 
 
-class EngineStartTimeout(ConnectionError):
+class EngineStartTimeout(Unavailable):
     """The engine did not come up within WORKER_ENGINE_START_TIMEOUT_S."""
 
 
