@@ -31,7 +31,7 @@ from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.pipeline.intake import Intake
 from trtllm_worker.pipeline.leases import Leases
 from trtllm_worker.pipeline.output import OutputProcessor, RequestState
-from trtllm_worker.pipeline.pump import OutputPump
+from trtllm_worker.pipeline.pump import Inbox, OutputPump
 from trtllm_worker.pipeline.runner import JobRunner
 from trtllm_worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamStore
 from trtllm_worker.streams.wire import AFTER_TAIL, WriteBatch
@@ -300,11 +300,14 @@ class Pipeline:
         self.settings = Settings(_env_file=None, stream_prefix=prefix, lease_ttl_s=1.0)
         self.metrics = Metrics()
         self.leases = Leases(store, ttl_s=1.0)
-        self.pump = OutputPump(self.settings, store, self.leases, self.metrics)
-        intake = Intake(self.settings, load_tokenizer(None, None))
-        self.runner = JobRunner(self.settings, intake, store, self.leases, self.pump, self.metrics)
         self.looper = FakeLooper()
-        self.runner.attach(cast(Looper, self.looper))
+        looper = cast(Looper, self.looper)
+        self.inbox = Inbox()
+        self.pump = OutputPump(self.settings, store, self.leases, self.metrics, looper, self.inbox)
+        intake = Intake(self.settings, load_tokenizer(None, None))
+        self.runner = JobRunner(
+            self.settings, intake, store, self.leases, self.pump, looper, self.metrics
+        )
 
     async def submitted(self) -> EngineRequest:
         """The next request handed to the engine thread."""
@@ -332,8 +335,8 @@ async def test_runner_publishes_what_the_engine_returns(
     run = asyncio.create_task(pipeline.runner.run(job("r1", parameters={"max_new_tokens": 3}), 0))
     request = await pipeline.submitted()
     assert (request.prompt_ids, request.max_new_tokens) == ([97, 98, 99], 3)
-    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98])], 0.0)
-    pipeline.pump.on_outputs([EngineOutput(request.id, [99], finish=FinishReason.LENGTH)], 0.0)
+    pipeline.inbox.put([EngineOutput(request.id, [97, 98])], 0.0)
+    pipeline.inbox.put([EngineOutput(request.id, [99], finish=FinishReason.LENGTH)], 0.0)
     result = await run
     assert result.terminal is not None
     assert result.terminal.generated_tokens == 3
@@ -362,7 +365,7 @@ async def test_runner_resumes_after_the_stored_tokens(
         2,
         2,
     )
-    pipeline.pump.on_outputs([EngineOutput(request.id, [99, 97], finish=FinishReason.LENGTH)], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [99, 97], finish=FinishReason.LENGTH)], 0)
     await run
     stored = await entries(redis, key)
     assert [e["index"] for e in stored[:-1]] == ["0", "1", "2", "3"]
@@ -431,7 +434,7 @@ async def test_cancel_reaches_the_engine_and_ends_cancelled(
     request = await pipeline.submitted()
     assert pipeline.runner.cancel("r5") is True
     assert pipeline.looper.cancelled == [request.id]
-    pipeline.pump.on_outputs([EngineOutput(request.id, [], finish=FinishReason.CANCELLED)], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [], finish=FinishReason.CANCELLED)], 0)
     await run
     assert (await entries(redis, prefix + "r5"))[-1]["finish_reason"] == "cancelled"
 
@@ -443,7 +446,7 @@ async def test_a_lost_lease_hands_the_job_back_and_stops_its_writes(
     run = asyncio.create_task(pipeline.runner.run(job("r6"), 0))
     request = await pipeline.submitted()
     await redis.set(lease_key(key), "another-worker")
-    pipeline.pump.on_outputs([EngineOutput(request.id, [97])], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [97])], 0)
     with pytest.raises(HandBack):
         await run
     assert await entries(redis, key) == []
@@ -457,11 +460,11 @@ async def test_lost_entries_hand_the_job_back_to_resume_from_the_stream(
     key = prefix + "r7"
     run = asyncio.create_task(pipeline.runner.run(job("r7", parameters={"max_new_tokens": 4}), 0))
     request = await pipeline.submitted()
-    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98])], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [97, 98])], 0)
     while await redis.xlen(key) < 2:
         await pipeline.pump.wait_background()
     await keep_only(redis, key, 1)  # a failover lost the last write
-    pipeline.pump.on_outputs([EngineOutput(request.id, [99])], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [99])], 0)
     with pytest.raises(HandBack, match="resumes from what the stream holds"):
         await run
     assert pipeline.looper.cancelled == [request.id]
@@ -469,9 +472,7 @@ async def test_lost_entries_hand_the_job_back_to_resume_from_the_stream(
     again = asyncio.create_task(pipeline.runner.run(job("r7", parameters={"max_new_tokens": 4}), 0))
     resumed = await pipeline.submitted()
     assert resumed.resumed_tokens == 1
-    pipeline.pump.on_outputs(
-        [EngineOutput(resumed.id, [98, 99, 97], finish=FinishReason.LENGTH)], 0
-    )
+    pipeline.inbox.put([EngineOutput(resumed.id, [98, 99, 97], finish=FinishReason.LENGTH)], 0)
     await again
     stored = await entries(redis, key)
     assert [e["index"] for e in stored[:-1]] == ["0", "1", "2", "3"]
@@ -492,8 +493,8 @@ async def test_a_batch_redis_refuses_for_good_fails_only_the_stream_at_fault(
     bad = prefix + "w2"
     await redis.delete(lease_key(bad))
     await redis.hset(lease_key(bad), "not", "a lease")
-    pipeline.pump.on_outputs([EngineOutput(requests[n], [97]) for n in names], 0)
-    pipeline.pump.on_outputs(
+    pipeline.inbox.put([EngineOutput(requests[n], [97]) for n in names], 0)
+    pipeline.inbox.put(
         [EngineOutput(requests[n], [98], finish=FinishReason.LENGTH) for n in names], 0
     )
     async with asyncio.timeout(10):
@@ -566,7 +567,7 @@ async def test_copies_of_one_request_run_once_and_the_others_find_its_end(
         for _ in range(12)
     ]
     request = await pipeline.submitted()
-    pipeline.pump.on_outputs([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
+    pipeline.inbox.put([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
     results = await asyncio.wait_for(asyncio.gather(*copies), 10)
     assert [result.terminal is not None for result in results].count(True) == 1
     assert len(pipeline.looper.submitted) == 1
@@ -637,7 +638,7 @@ async def test_a_renewal_racing_the_final_write_leaves_the_finished_job_alone(
     try:
         run = asyncio.create_task(made.runner.run(job("race", parameters={"max_new_tokens": 2}), 0))
         request = await made.submitted()
-        made.pump.on_outputs([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
+        made.inbox.put([EngineOutput(request.id, [97, 98], finish=FinishReason.LENGTH)], 0)
         await store.stored.wait()  # the terminal entry is stored and the lease released
         await made.leases.renew(made.pump.drop_lost_lease)  # what the lease keeper does
         store.go.set()

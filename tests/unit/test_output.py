@@ -237,7 +237,8 @@ def test_several_requests_in_one_batch(byte_tokenizer: Tokenizer, bpe_tokenizer:
         assert "".join(_texts(batch.entries, state.key)) == expected
     assert {state.engine_id for state, _ in batch.finished} == {1, 3}
     assert len(processor) == 1
-    assert processor.remove(two.engine_id) is two
+    assert processor.drop(two)  # still running in the engine
+    assert len(processor) == 0
     for state in (one, three):
         terminal_id, done = _terminal(batch.entries, state.key)
         assert terminal_id == entry_id(state.next_index + 1)
@@ -615,3 +616,24 @@ def test_replay_of_a_completed_stop_returns_stop_sequence(
     assert finish is FinishReason.STOP_SEQUENCE
     assert resumed.texts == _texts(batch.entries)
     assert resumed.done_fields(FinishReason.STOP_SEQUENCE) == _terminal(batch.entries, live.key)[1]
+
+
+def test_the_registry_holds_a_request_until_its_terminal_entry_is_stored(
+    byte_tokenizer: Tokenizer,
+) -> None:
+    """One registry, two phases: finished by `process` (no more outputs taken), a request
+    is still in hand, so a hand-back reaches it, until `settle`."""
+    one, two = _state(byte_tokenizer, engine_id=1), _state(byte_tokenizer, engine_id=2)
+    processor = _processor(one, two)
+    assert processor.get(one.request_id) is one
+    assert processor.with_key(two.key) is two
+    batch = processor.process([EngineOutput(1, [97], finish=FinishReason.LENGTH)])
+    assert [state for state, _ in batch.finished] == [one]
+    assert (len(processor), processor.in_hand) == (1, 2)
+    assert processor.get(one.request_id) is one  # its terminal entry is being written
+    assert processor.process([EngineOutput(1, [98])]).entries == []  # no more outputs
+    processor.settle(one)
+    assert processor.get(one.request_id) is None
+    assert processor.drop(two)  # still in the engine: the caller cancels it there
+    assert not processor.drop(two)
+    assert (len(processor), processor.in_hand, processor.states()) == (0, 0, [])

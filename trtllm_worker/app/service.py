@@ -34,7 +34,7 @@ from trtllm_worker.pipeline.chat import check_template
 from trtllm_worker.pipeline.detokenize import piece_table
 from trtllm_worker.pipeline.intake import Intake
 from trtllm_worker.pipeline.leases import Leases
-from trtllm_worker.pipeline.pump import OutputPump
+from trtllm_worker.pipeline.pump import Inbox, OutputPump
 from trtllm_worker.pipeline.runner import JobRunner
 from trtllm_worker.streams.store import StreamStore
 from trtllm_worker.tokenizer import tokenizer_for
@@ -138,24 +138,27 @@ class Service:
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))
         leases = Leases(store, ttl_s=settings.lease_ttl_s)
-        self._pump = pump = OutputPump(settings, store, leases, self.metrics)
-        intake = Intake(settings, tokenizer, engine.limits)
-        piece_table(tokenizer.tokenizer)  # built now, not while the first job waits
-        runner = JobRunner(settings, intake, store, leases, pump, self.metrics)
-        self._runner = runner
-        loop = asyncio.get_running_loop()
-        self._looper = Looper(
+        # engine thread --> the inbox: one batch of outputs per wake-up
+        inbox = Inbox()
+        self._looper = looper = Looper(
             engine,
-            loop,
-            pump.on_outputs,
+            asyncio.get_running_loop(),
+            inbox.put,
             self._on_engine_death,
             stats_interval_s=settings.engine_stats_interval_s,
             stall_timeout_s=settings.engine_stall_timeout_s,
         )
-        looper = self._looper
         self.metrics.registry.register(EngineStatsCollector(lambda: looper.stats))
-        runner.attach(self._looper)
-        self._looper.start()
+        # the inbox --> stream entries, stored in one fenced call per batch
+        self._pump = pump = OutputPump(settings, store, leases, self.metrics, looper, inbox)
+        # Job --> EngineRequest
+        intake = Intake(settings, tokenizer, engine.limits)
+        piece_table(tokenizer.tokenizer)  # built now, not while the first job waits
+        # one job: lease, intake, resume, submit to the looper, wait for the pump
+        self._runner = runner = JobRunner(
+            settings, intake, store, leases, pump, looper, self.metrics
+        )
+        looper.start()
         self.supervisor.start("pump", pump.run())
         self.supervisor.start("leases", runner.keep_leases())
         try:

@@ -200,20 +200,53 @@ def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float
 
 
 class OutputProcessor:
-    """The registry of running requests, keyed by engine id."""
+    """The registry of running requests (the only one: "is request X running here?" is
+    `get`), and the only loop over engine outputs. A request is in hand from `add` until
+    its terminal entry is stored (`settle`) or it is dropped (`drop`); its outputs are
+    taken, by engine id, until `process` finishes it. Between the two its terminal entry
+    is being written: it is still in hand (a hand-back reaches it), no longer in the
+    engine."""
 
     def __init__(self, *, cluster: bool = False) -> None:
+        self._in_hand: dict[str, RequestState] = {}
+        """Every registered request, by request id."""
         self._states: dict[int, RequestState] = {}
+        """Those whose outputs are still taken, by engine id."""
         self._cluster = cluster
 
     def __len__(self) -> int:
+        """Requests whose outputs are still taken (running in the engine)."""
         return len(self._states)
 
+    @property
+    def in_hand(self) -> int:
+        return len(self._in_hand)
+
+    def get(self, request_id: str) -> RequestState | None:
+        return self._in_hand.get(request_id)
+
+    def with_key(self, key: str) -> RequestState | None:
+        return next((s for s in self._in_hand.values() if s.key == key), None)
+
+    def states(self) -> list[RequestState]:
+        """The requests in hand, as a list: a caller may drop them as it goes."""
+        return list(self._in_hand.values())
+
     def add(self, state: RequestState) -> None:
+        self._in_hand[state.request_id] = state
         self._states[state.engine_id] = state
 
-    def remove(self, engine_id: int) -> RequestState | None:
-        return self._states.pop(engine_id, None)
+    def drop(self, state: RequestState) -> bool:
+        """Forget the request: no more outputs taken, out of the registry. True if the
+        engine was still running it (the caller cancels it there)."""
+        if self._in_hand.get(state.request_id) is state:
+            del self._in_hand[state.request_id]
+        return self._states.pop(state.engine_id, None) is not None
+
+    def settle(self, state: RequestState) -> None:
+        """Its terminal entry is stored: the request is no longer in hand."""
+        if self._in_hand.get(state.request_id) is state:
+            del self._in_hand[state.request_id]
 
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
         """Turn outputs into writes. Outputs of requests no longer registered (stopped,

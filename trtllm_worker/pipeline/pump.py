@@ -1,8 +1,8 @@
-"""The output pump: the event-loop side of the thread boundary. The looper hands it one
-batch of engine outputs per wake-up (`on_outputs`, via `call_soon_threadsafe`); the pump
-turns everything delivered into entries, stores them in one fenced Redis call, then
-settles the requests that finished. It also owns the registry of running requests, so
-dropping one (lost lease, hand-back) happens in one place."""
+"""The output pump: the event-loop side of the thread boundary. The looper puts one
+batch of engine outputs per wake-up into the `Inbox` (via `call_soon_threadsafe`); the
+pump takes everything delivered, turns it into entries, stores them in one fenced Redis
+call, then settles the requests that finished. Dropping a running request (lost lease,
+hand-back) happens here, in one place; the registry itself is the `OutputProcessor`'s."""
 
 from __future__ import annotations
 
@@ -28,47 +28,72 @@ log = logging.getLogger(__name__)
 RETRY_MAX_S = 1.0
 
 
+class Inbox:
+    """What the looper delivered and the pump has not taken yet: the event-loop end of
+    the thread boundary. Built before both, so each is built whole: the looper puts
+    (`put`, via `call_soon_threadsafe`), the pump takes."""
+
+    def __init__(self) -> None:
+        self._outputs: list[EngineOutput] = []
+        self._batches = 0
+        self._since: float | None = None  # when the engine had the oldest of them
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def put(self, outputs: list[EngineOutput], emitted_at: float) -> None:
+        self._outputs.extend(outputs)
+        self._batches += 1
+        if self._since is None:
+            self._since = emitted_at
+        self._ready.set()
+
+    async def take(self) -> tuple[list[EngineOutput], int, float | None]:
+        """Everything delivered so far (waiting for some): the outputs, how many batches
+        they came in, and when the engine had the oldest of them."""
+        await self._ready.wait()
+        self._ready.clear()
+        outputs, self._outputs = self._outputs, []
+        batches, self._batches = self._batches, 0
+        since, self._since = self._since, None
+        return outputs, batches, since
+
+
 class OutputPump:
-    """Running requests, and the loop that publishes their outputs."""
+    """The loop that publishes running requests' outputs, and drops requests."""
 
     def __init__(
-        self, settings: Settings, store: StreamStore, leases: Leases, metrics: Metrics
+        self,
+        settings: Settings,
+        store: StreamStore,
+        leases: Leases,
+        metrics: Metrics,
+        looper: Looper,
+        inbox: Inbox,
     ) -> None:
         self._settings = settings
         self._store = store
         self._leases = leases
         self._metrics = metrics
+        self._looper = looper
+        self._inbox = inbox
         self._processor = OutputProcessor(cluster=store.cluster)
-        self._running: dict[str, RequestState] = {}
-        self._inbox: list[EngineOutput] = []
-        self._inbox_batches = 0
-        self._inbox_since: float | None = None  # when the engine had the oldest of them
-        self._inbox_ready = asyncio.Event()
         self._last_tokens_at: float | None = None  # while requests run
         self._background: set[asyncio.Task[None]] = set()
         self._ending: frozenset[str] = frozenset()
         """The streams whose terminal entry the write in flight stores: that write
         releases their lease, so a renewal meanwhile finds it gone."""
-        self.looper: Looper | None = None
         self.redis_healthy = True
 
     def __len__(self) -> int:
-        return len(self._running)
+        return self._processor.in_hand
 
     def get(self, request_id: str) -> RequestState | None:
-        return self._running.get(request_id)
+        return self._processor.get(request_id)
 
     def states(self) -> Iterator[RequestState]:
-        return iter(list(self._running.values()))
-
-    # -- from the looper thread (via call_soon_threadsafe) ---------------------------
-
-    def on_outputs(self, outputs: list[EngineOutput], emitted_at: float) -> None:
-        self._inbox.extend(outputs)
-        self._inbox_batches += 1
-        if self._inbox_since is None:
-            self._inbox_since = emitted_at
-        self._inbox_ready.set()
+        return iter(self._processor.states())
 
     # -- registry ---------------------------------------------------------------------
 
@@ -77,19 +102,17 @@ class OutputPump:
         entry stored, or with the error that dropped it."""
         state.done = asyncio.get_running_loop().create_future()
         self._processor.add(state)
-        self._running[state.request_id] = state
-        self._metrics.in_flight.set(len(self._running))
+        self._metrics.in_flight.set(self._processor.in_hand)
         return state.done
 
     def drop(self, state: RequestState, error: WorkerError) -> None:
         """Forget a running request: no more writes, out of the engine, job settled by
         `error`'s action."""
-        self._running.pop(state.request_id, None)
-        if self._processor.remove(state.engine_id) is not None:
+        if self._processor.drop(state):
             self.cancel_engine(state.engine_id)
         if state.done is not None and not state.done.done():
             state.done.set_exception(error)
-        self._metrics.in_flight.set(len(self._running))
+        self._metrics.in_flight.set(self._processor.in_hand)
 
     def drop_lost_lease(self, key: str) -> None:
         """Drop the running request whose stream is `key`: its lease was found lost.
@@ -98,7 +121,7 @@ class OutputPump:
         stored, the job ended; refused by the fence, `_fail_refused` hands it back."""
         if key in self._ending:
             return
-        state = next((s for s in self._running.values() if s.key == key), None)
+        state = self._processor.with_key(key)
         if state is not None:
             log.warning("lease lost; handing the job back", extra=about(state.request_id))
             self.drop(state, lease_lost(state.request_id))
@@ -107,7 +130,7 @@ class OutputPump:
         """Stop writing for every running request and let its job go back to the queue
         (drain timeout, broker connection lost, engine dead, Redis buffer full). Their
         leases are released so the next owner need not wait for them to expire."""
-        states = list(self._running.values())
+        states = self._processor.states()
         leases = self._leases.forget_all(s.key for s in states)
         for state in states:
             self.drop(state, HandBack(reason, request_id=state.request_id))
@@ -123,8 +146,7 @@ class OutputPump:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     def cancel_engine(self, engine_id: int) -> None:
-        if self.looper is not None:
-            self.looper.cancel(engine_id)
+        self._looper.cancel(engine_id)
 
     # -- the pump ---------------------------------------------------------------------
 
@@ -132,13 +154,9 @@ class OutputPump:
         """Forever: take everything the engine delivered, turn it into entries, store
         them in one call, then settle the requests that finished."""
         while True:
-            await self._inbox_ready.wait()
-            self._inbox_ready.clear()
-            outputs, self._inbox = self._inbox, []
-            batches, self._inbox_batches = self._inbox_batches, 0
-            emitted_at, self._inbox_since = self._inbox_since, None
-            if self.looper is not None and batches:
-                self.looper.consumed(batches)
+            outputs, batches, emitted_at = await self._inbox.take()
+            if batches:
+                self._looper.consumed(batches)
             batch = self._processor.process(outputs)
             for engine_id in batch.aborts:
                 self.cancel_engine(engine_id)
@@ -153,7 +171,7 @@ class OutputPump:
                     self._metrics.emit_delay.observe(now - emitted_at)
                 if self._last_tokens_at is not None:
                     self._metrics.inter_token.observe(now - self._last_tokens_at)
-                self._last_tokens_at = now if self._running else None
+                self._last_tokens_at = now if self._processor.in_hand else None
             self._settle(batch)
 
     async def _store_batch(self, batch: ProcessedBatch) -> dict[str, str] | None:
@@ -208,7 +226,7 @@ class OutputPump:
         (another worker owns it now), so do lost entries (it resumes from the stream's
         tail, as after a crash); a stream Redis refuses for good (its key is not a
         stream, or the script failed on its keys) dead-letters it with the reason."""
-        states = [s for s in self._running.values() if s.key in refused]
+        states = [s for s in self._processor.states() if s.key in refused]
         states += [s for s, _ in batch.finished if s.key in refused]
         for state in states:
             reason = refused[state.key]
@@ -232,7 +250,7 @@ class OutputPump:
             state.first_token_at = now
         self._metrics.generated_tokens.inc(batch.tokens)
         for state, terminal in batch.finished:
-            self._running.pop(state.request_id, None)
+            self._processor.settle(state)
             if state.done is not None and not state.done.done():
                 state.done.set_result(terminal)
-        self._metrics.in_flight.set(len(self._running))
+        self._metrics.in_flight.set(self._processor.in_hand)

@@ -54,6 +54,7 @@ class JobRunner:
         store: StreamStore,
         leases: Leases,
         pump: OutputPump,
+        looper: Looper,
         metrics: Metrics,
     ) -> None:
         self._settings = settings
@@ -61,17 +62,13 @@ class JobRunner:
         self._store = store
         self._leases = leases
         self._pump = pump
+        self._looper = looper
         self._metrics = metrics
         self._engine_ids = itertools.count(1)
         self._active: dict[str, asyncio.Future[None]] = {}
         self._cancel_requested: set[str] = set()
-        self._looper: Looper | None = None
         self.engine_error: BaseException | None = None
         self._stopping = False
-
-    def attach(self, looper: Looper) -> None:
-        self._looper = looper
-        self._pump.looper = looper
 
     @property
     def running(self) -> int:
@@ -204,7 +201,7 @@ class JobRunner:
             # It started (its stream holds tokens) and its deadline passed while it was
             # handed over: it ends as a running job does at its deadline, with its text.
             return await self._end_now(state, FinishReason.DEADLINE, trace)
-        if self.engine_error is not None or self._looper is None:
+        if self.engine_error is not None:
             raise HandBack("the engine is not running", request_id=job.request_id)
         terminal = await self._submit(job, state, prepared, stream.token_ids, received_at, trace)
         ttft = None if state.first_token_at is None else state.first_token_at - received_at
@@ -290,7 +287,6 @@ class JobRunner:
     ) -> Terminal:
         params = job.parameters
         resumed = len(published_ids)
-        assert self._looper is not None
         request = EngineRequest(
             id=state.engine_id,
             prompt_ids=prepared.prompt_ids + published_ids,
