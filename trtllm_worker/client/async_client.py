@@ -46,13 +46,18 @@ from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
 from trtllm_worker.client.tracecontext import trace_headers
 from trtllm_worker.config import Settings, redact_url
 from trtllm_worker.connect.amqp import connect, reason
-from trtllm_worker.connect.messages import PUBLISHED_MS_HEADER, persistent_copy
+from trtllm_worker.connect.messages import persistent_copy
 from trtllm_worker.connect.redis import AnyRedis, connect_redis
 from trtllm_worker.contract.job import (
     REQUEST_ID_PATTERN,
     JobLimits,
     Parameters,
     valid_request_id,
+)
+from trtllm_worker.contract.queues import (
+    PUBLISHED_MS_HEADER,
+    cancel_exchange_name,
+    dead_queue_name,
 )
 from trtllm_worker.contract.stream import TERMINAL_EVENTS, deliveries_key, stream_key
 from trtllm_worker.streams.store import mark_cancelled
@@ -152,11 +157,11 @@ class Client:
 
     @property
     def dead_queue(self) -> str:
-        return f"{self.queue}.dead"
+        return dead_queue_name(self.queue)
 
     @property
     def cancel_exchange(self) -> str:
-        return f"{self.queue}.cancel"
+        return cancel_exchange_name(self.queue)
 
     def stream_key(self, request_id: str) -> str:
         if valid_request_id(request_id) is None:
