@@ -30,11 +30,12 @@ def test_only_the_node_script_declares_cross_slot_keys_on_its_first_line() -> No
     assert "#!" not in write_script("write_keys")
 
 
-def test_the_lua_directory_holds_only_scripts_the_store_reads() -> None:
+def test_the_lua_directory_holds_only_scripts_that_are_read() -> None:
     on_disk = {
         entry.name.removesuffix(".lua")
         for entry in (files("trtllm_worker.streams") / "lua").iterdir()
         if entry.name.endswith(".lua")
     }
     read = {"write", "write_keys", "write_node", "start", "renew", "release", "compact", "probe"}
+    read.add("reset_for_requeue")  # the SDK's requeue (client/admin.py)
     assert on_disk == read
