@@ -51,8 +51,10 @@ def _free(port: int) -> bool:
     return True
 
 
-def free_ports(count: int, low: int = 20000, high: int = 40000) -> list[int]:
-    """Ports whose cluster bus port (port + 10000) is free too."""
+def free_ports(count: int, low: int = 10000, high: int = 22000) -> list[int]:
+    """Ports whose cluster bus port (port + 10000) is free too. Both stay below the
+    kernel's ephemeral range (32768 and up): a port picked inside it was seen taken by an
+    outgoing connection between this check and the server's bind."""
     ports: list[int] = []
     candidate = random.randrange(low, high)
     while len(ports) < count:
