@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import unquote_plus, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -304,7 +304,13 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
-        return _check_url(value, ("redis", "rediss", "unix"))
+        _check_url(value, ("redis", "rediss", "unix"))
+        parts = urlsplit(value)
+        tls_only = sorted({name for name, _ in parse_qsl(parts.query) if name.startswith("ssl_")})
+        if tls_only and parts.scheme != "rediss":
+            # redis-py would fail deep inside with a TypeError on every connection
+            raise ValueError(f"{', '.join(tls_only)} is for rediss:// URLs only")
+        return value
 
     @field_validator("redis_sentinels")
     @classmethod

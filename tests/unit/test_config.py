@@ -513,3 +513,16 @@ def test_a_quorum_delivery_limit_stays_below_rabbitmqs_own(
     monkeypatch.setenv("WORKER_DELIVERY_LIMIT", "50")
     monkeypatch.setenv("WORKER_QUEUE_TYPE", "classic")
     assert load_settings().delivery_limit == 50
+
+
+def test_a_tls_parameter_on_a_plain_redis_url_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-py takes `ssl_*` query parameters only for rediss://; on redis:// every
+    connection failed with a TypeError deep inside it (a traceback from `check`)."""
+    error = config_error(monkeypatch, WORKER_REDIS_URL="redis://localhost/0?ssl_password=s3cret")
+    assert str(error) == (
+        "invalid setting WORKER_REDIS_URL: ssl_password is for rediss:// URLs only"
+    )
+    monkeypatch.setenv("WORKER_REDIS_URL", "rediss://localhost/0?ssl_password=s3cret")
+    assert load_settings().redis_url.startswith("rediss://")
