@@ -147,6 +147,11 @@ class Settings(BaseSettings):
         description="deliveries of one message before it is dead-lettered; at most 20 on a "
         "quorum queue (RabbitMQ 4.0 drops a message past 20 deliveries on its own)",
     )
+    preempt_priority: Annotated[int, Field(ge=0, le=10)] = Field(
+        5,
+        description="a job of at least this priority (0-9) pauses a running job of lower "
+        "priority when every engine slot is busy; `10` turns pausing off",
+    )
     drain_timeout_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
         30, description="on SIGTERM, how long running jobs may finish"
     )

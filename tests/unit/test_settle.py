@@ -208,7 +208,7 @@ async def test_an_error_entry_refused_by_the_fence_still_dead_letters(settings: 
 
 
 def consumer(
-    settings: Settings, store: FakeStore, run_job: Callable[[Job, float, Any, Any], Any]
+    settings: Settings, store: FakeStore, run_job: Callable[[Job, float, Any, Any, int], Any]
 ) -> Consumer:
     fake_store = cast(StreamStore, store)
     made = Consumer(
@@ -229,7 +229,9 @@ async def test_handler_settles_a_deadline_job_when_redis_fails(settings: Setting
     error escaped `_run` and the message was never settled)."""
     past = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
 
-    async def run_job(job: Job, received_at: float, trace: object, admit: object) -> JobResult:
+    async def run_job(
+        job: Job, received_at: float, trace: object, admit: object, priority: int
+    ) -> JobResult:
         raise DeadlineExceeded("deadline passed", request_id=job.request_id)
 
     store = FakeStore(fail=RedisConnectionError("Connection closed by server."))
@@ -239,7 +241,9 @@ async def test_handler_settles_a_deadline_job_when_redis_fails(settings: Setting
 
 
 async def test_handler_dead_letters_an_invalid_job(settings: Settings) -> None:
-    async def run_job(job: Job, received_at: float, trace: object, admit: object) -> JobResult:
+    async def run_job(
+        job: Job, received_at: float, trace: object, admit: object, priority: int
+    ) -> JobResult:
         raise AssertionError("an invalid job never runs")
 
     store = FakeStore()
@@ -253,7 +257,9 @@ async def test_handler_dead_letters_an_invalid_job(settings: Settings) -> None:
 async def test_a_cancelled_handler_hands_its_message_back(settings: Settings) -> None:
     started = asyncio.Event()
 
-    async def run_job(job: Job, received_at: float, trace: object, admit: object) -> JobResult:
+    async def run_job(
+        job: Job, received_at: float, trace: object, admit: object, priority: int
+    ) -> JobResult:
         started.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")

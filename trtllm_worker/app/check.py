@@ -12,7 +12,7 @@ from trtllm_worker.connect.amqp import BrokerUnavailable, amqp_reply, connect
 from trtllm_worker.connect.grants import redis_refusal
 from trtllm_worker.connect.redis import connect_redis, redis_version
 from trtllm_worker.contract.errors import ConfigError
-from trtllm_worker.contract.queues import cancel_queue_name
+from trtllm_worker.contract.queues import cancel_queue_name, job_queue_arguments
 from trtllm_worker.streams.store import StreamStore
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ async def _check_queue(
     import aio_pika
     import aiormq
 
+    from trtllm_worker.broker.consumer import queue_mismatch
+
     what = f"{label} {name!r}"
     try:
         async with connection.channel() as channel:
@@ -83,18 +85,25 @@ async def _check_queue(
                 return
         result = declared.declaration_result
         async with connection.channel() as channel:
-            await channel.declare_queue(
-                name, durable=True, arguments={"x-queue-type": settings.queue_type}
+            arguments: dict[str, str | int] = (
+                job_queue_arguments(settings.queue_type)
+                if name == settings.queue
+                else {"x-queue-type": settings.queue_type}
             )
+            await channel.declare_queue(name, durable=True, arguments={**arguments})
         report.ok(
             f"{what}: {settings.queue_type}, {result.message_count} messages, "
             f"{result.consumer_count} consumers"
         )
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        report.problem(
-            f"{what} exists with other arguments than the worker declares (durable, "
-            f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {amqp_reply(exc)}"
-        )
+        reply = amqp_reply(exc)
+        if "x-max-priority" in reply:
+            report.problem(queue_mismatch(settings, reply))
+        else:
+            report.problem(
+                f"{what} exists with other arguments than the worker declares (durable, "
+                f"x-queue-type {settings.queue_type} from WORKER_QUEUE_TYPE): {reply}"
+            )
     except (aiormq.exceptions.AMQPError, OSError) as exc:
         report.problem(f"{what}: {amqp_reply(exc)}")
 

@@ -23,6 +23,7 @@ from trtllm_worker.connect.grants import redis_refusal
 from trtllm_worker.connect.redis import REDIS_FAILURES, connect_redis
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.contract.exits import ExitCode, Unavailable
+from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.engine import engine_factory, start_engine
 from trtllm_worker.engine.looper import Looper
 from trtllm_worker.engine.stats import EngineStatsCollector
@@ -75,6 +76,13 @@ def model_name(settings: Settings) -> str:
 
 
 REDIS_CHECK_S = 2.0
+
+
+def prefetch_for(capacity: int, preempt_priority: int) -> int:
+    """The broker hands a worker one job more than the engine has slots while pausing is
+    on: the lookout through which an interactive job reaches a full worker
+    (`pipeline.slots`)."""
+    return capacity + 1 if preempt_priority <= MAX_PRIORITY else capacity
 
 
 class Service:
@@ -156,7 +164,7 @@ class Service:
         piece_table(tokenizer.tokenizer)  # built now, not while the first job waits
         # one job: lease, intake, resume, submit to the looper, wait for the pump
         self._runner = runner = JobRunner(
-            settings, intake, store, leases, pump, looper, self.metrics
+            settings, intake, store, leases, pump, looper, self.metrics, engine.capacity
         )
         looper.start()
         self.supervisor.start("pump", pump.run())
@@ -182,7 +190,7 @@ class Service:
             store,
             self.metrics,
             on_connection_lost=runner.hand_back_all,
-            prefetch=engine.capacity,
+            prefetch=prefetch_for(engine.capacity, settings.preempt_priority),
             name=f"trtllm-worker {self.worker_id}",
             tracing=self._tracing,
             model_name=model_name(settings),

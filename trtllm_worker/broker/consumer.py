@@ -34,7 +34,12 @@ from trtllm_worker.contract.errors import (
 )
 from trtllm_worker.contract.exits import Unavailable
 from trtllm_worker.contract.job import Job, request_id_of
-from trtllm_worker.contract.queues import cancel_queue_name
+from trtllm_worker.contract.priority import priority_class, priority_of
+from trtllm_worker.contract.queues import (
+    DELIVERIES_HEADER,
+    cancel_queue_name,
+    job_queue_arguments,
+)
 from trtllm_worker.contract.stream import stream_key
 from trtllm_worker.ops.log import request_id_var
 from trtllm_worker.ops.metrics import Metrics
@@ -56,7 +61,9 @@ log = logging.getLogger(__name__)
 # only: the client SDK does not patch its host's pamqp.
 shortstr.install()
 
-RunJob = Callable[[Job, float, JobTrace | None, Admit | None], Awaitable[JobResult]]
+RunJob = Callable[[Job, float, JobTrace | None, Admit | None, int], Awaitable[JobResult]]
+"""The runner's `run`: job, when it was received, its trace, the delivery check, its
+priority."""
 CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 """The job queue's `x-consumer-timeout` (RabbitMQ 3.12 and later): a week. The broker's
 default (30 minutes, node-wide) would close the channel of a worker whose job runs longer
@@ -68,7 +75,10 @@ _VERB = {
     Action.DEAD_LETTER: "to be dead-lettered",
     Action.REQUEUE: "handed back",
     Action.RETRY: "to be retried",
+    Action.RETURN: "returned to the queue",
 }
+QUORUM_PRIORITIES_SINCE = (4, 0)
+"""RabbitMQ orders a quorum queue's messages by priority (two levels) from 4.0 on."""
 
 
 class Consumer:
@@ -139,19 +149,23 @@ class Consumer:
         channel.close_callbacks.add(self._connection_lost)
         self._channel = channel
         await channel.set_qos(prefetch_count=self._prefetch)
-        arguments: dict[str, str | int] = {"x-queue-type": settings.queue_type}
         try:
             self._queue = await channel.declare_queue(
                 settings.queue,
                 durable=True,
-                arguments={**arguments, "x-consumer-timeout": CONSUMER_TIMEOUT_MS},
+                arguments={
+                    **job_queue_arguments(settings.queue_type),
+                    "x-consumer-timeout": CONSUMER_TIMEOUT_MS,
+                },
             )
-            await channel.declare_queue(settings.dead_queue, durable=True, arguments=arguments)
+            await channel.declare_queue(
+                settings.dead_queue,
+                durable=True,
+                arguments={"x-queue-type": settings.queue_type},
+            )
         except aiormq.exceptions.ChannelPreconditionFailed as exc:
-            raise ConfigError(
-                f"invalid setting WORKER_QUEUE_TYPE: queue {settings.queue!r} or "
-                f"{settings.dead_queue!r} exists with other arguments ({exc})"
-            ) from None
+            raise ConfigError(queue_mismatch(settings, amqp_reply(exc))) from None
+        self._say_if_priorities_are_ignored()
         exchange = await channel.declare_exchange(
             settings.cancel_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
@@ -170,6 +184,21 @@ class Consumer:
             redact_url(settings.amqp_url),
             self._prefetch,
         )
+
+    def _say_if_priorities_are_ignored(self) -> None:
+        """A quorum queue on RabbitMQ before 4.0 delivers in arrival order: say so once,
+        at start (the worker still starts held jobs by priority and pauses for them)."""
+        if self._settings.queue_type != "quorum" or self._connection is None:
+            return
+        version = broker_version(self._connection)
+        if version is not None and version < QUORUM_PRIORITIES_SINCE:
+            log.warning(
+                "RabbitMQ %s ignores message priorities on quorum queue %r (ordered from "
+                "4.0 on): jobs leave the queue in arrival order; the worker still starts "
+                "the jobs it holds by priority and pauses for interactive ones",
+                ".".join(map(str, version)),
+                self._settings.queue,
+            )
 
     async def stop_consuming(self) -> None:
         """Take no more jobs; the ones in hand go on."""
@@ -243,10 +272,12 @@ class Consumer:
             await self._refuse_undecodable(message, undecodable)
             return
         received_at = time.monotonic()
+        priority = priority_of(message.priority)
+        klass = priority_class(priority, self._settings.preempt_priority)
         published = published_ns(message)
         if published is not None:
             waited = time.time() - published / 1e9
-            self._metrics.queue_wait.observe(max(waited, 0.0))
+            self._metrics.queue_wait.labels(priority_class=klass).observe(max(waited, 0.0))
         trace = None
         if self._tracing is not None:
             trace = begin_trace(
@@ -256,8 +287,9 @@ class Consumer:
                 self._settings.queue,
                 message.message_id,
             )
+            trace.attributes["trtllm_worker.priority"] = priority
         try:
-            outcome = await self._run(message, received_at, trace)
+            outcome = await self._run(message, received_at, trace, priority)
         except asyncio.CancelledError:
             await self._settler.settle(message, HAND_BACK, trace)
             self._finish_trace(trace, HAND_BACK, Action.REQUEUE)
@@ -289,13 +321,17 @@ class Consumer:
         attributes = trace.attributes
         if error is not None:
             attributes["error.type"] = error.code
-        if action in (Action.REQUEUE, Action.RETRY):
+        if action in (Action.REQUEUE, Action.RETRY, Action.RETURN):
             trace.event(HANDED_BACK, attributes={"trtllm_worker.action": action.value})
         # an error that ends the job (its stream has an error entry) marks the span failed
         self._tracing.finish(trace, error if action in (Action.ACK, Action.DEAD_LETTER) else None)
 
     async def _run(
-        self, message: AbstractIncomingMessage, received_at: float, trace: JobTrace | None
+        self,
+        message: AbstractIncomingMessage,
+        received_at: float,
+        trace: JobTrace | None,
+        priority: int,
     ) -> Outcome:
         request_id_var.set(message.message_id)
         try:
@@ -309,7 +345,11 @@ class Consumer:
             # checked once the job holds its lease, after a finished stream (a duplicate)
             # was acknowledged: the error entry then goes through that lease
             result = await self._run_job(
-                job, received_at, trace, lambda: self._check_deliveries(message, request_id)
+                job,
+                received_at,
+                trace,
+                lambda: self._check_deliveries(message, request_id),
+                priority,
             )
         except Exception as exc:
             outcome = outcome_of(exc)
@@ -354,22 +394,59 @@ class Consumer:
         the worker counts the request's redeliveries in Redis (a redelivered message only
         says it was). A first delivery is never counted: an extra copy of a job (a
         producer's retry) is not a failed delivery of it."""
-        count = (message.headers or {}).get("x-delivery-count")
+        headers = message.headers or {}
+        count = headers.get("x-delivery-count")
+        carried = headers.get(DELIVERIES_HEADER)
+        # a copy put back to make room for a more urgent job starts counting again from
+        # 0 at the broker: it carries the failed deliveries before it
+        earlier = carried if isinstance(carried, int) and carried > 0 else 0
         if isinstance(count, int):
-            deliveries = count + 1
+            deliveries = earlier + count + 1
         elif self._settings.queue_type == "classic":
             deliveries = 1
             if message.redelivered:
                 key = stream_key(self._settings.stream_prefix, request_id)
                 deliveries += await self._store.count_delivery(key)
         else:
-            deliveries = 1
+            deliveries = earlier + 1
         if deliveries > self._settings.delivery_limit:
             raise DeliveryLimitExceeded(
                 f"delivered {deliveries} times without finishing "
                 f"(WORKER_DELIVERY_LIMIT={self._settings.delivery_limit})",
                 request_id=request_id,
             )
+
+
+def queue_mismatch(settings: Settings, reply: str) -> str:
+    """The one line for a job or dead-letter queue that exists with other arguments than
+    the worker declares: for a classic queue without priorities, what to do."""
+    if "x-max-priority" in reply:
+        return (
+            f"queue {settings.queue!r} exists without priorities (a classic queue orders "
+            f"them only if declared with x-max-priority, which cannot be added later): "
+            f"migrate it as the docs' 'Migrating a queue to priorities' says, or set "
+            f"WORKER_QUEUE to a new queue ({reply})"
+        )
+    return (
+        f"invalid setting WORKER_QUEUE_TYPE: queue {settings.queue!r} or "
+        f"{settings.dead_queue!r} exists with other arguments ({reply})"
+    )
+
+
+def broker_version(connection: AbstractRobustConnection) -> tuple[int, ...] | None:
+    """RabbitMQ's version from the connection's server properties, if it says."""
+    underlay = getattr(connection.transport, "connection", None)
+    version = (getattr(underlay, "server_properties", None) or {}).get("version")
+    if isinstance(version, bytes):
+        version = version.decode(errors="replace")
+    if not isinstance(version, str):
+        return None
+    parts = []
+    for part in version.split(".")[:3]:
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts) or None
 
 
 def trace_result(trace: JobTrace, result: JobResult) -> None:

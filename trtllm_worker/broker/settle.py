@@ -20,6 +20,7 @@ from trtllm_worker.connect.messages import persistent_copy
 from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerError
 from trtllm_worker.contract.job import valid_request_id
+from trtllm_worker.contract.queues import DELIVERIES_HEADER, RETURNS_HEADER
 from trtllm_worker.contract.stream import error_fields, stream_key
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import DEAD_LETTERED, TERMINAL, JobTrace
@@ -31,6 +32,9 @@ CONFIRM_TIMEOUT_S = 15.0
 MAX_HEADER_MESSAGE = 1000
 _AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError, TimeoutError)
 _FAILURES: tuple[type[Exception], ...] = (*REDIS_FAILURES, *_AMQP_FAILURES)
+_ACKED = frozenset({Action.ACK, Action.DEAD_LETTER, Action.RETURN})
+"""Actions that end with the message acknowledged (a dead letter or a returned job's
+copy was confirmed by the broker first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,21 +197,29 @@ class Settler:
                 await self._dead_letter(message, error)
                 if trace is not None:
                     trace.event(DEAD_LETTERED, attributes={"error.type": error.code})
+            if action is Action.RETURN:
+                await self._put_back(message)
         except _FAILURES as exc:
-            log.warning("%s failed (%s); the message goes back", action.value, exc)
-            action = Action.RETRY
+            if action is Action.RETURN:
+                # no copy in the queue: the message itself goes back (a quorum queue
+                # counts that one as a delivery; the job still runs once)
+                log.warning("putting a copy back failed (%s); the message goes back", exc)
+                action = Action.REQUEUE
+            else:
+                log.warning("%s failed (%s); the message goes back", action.value, exc)
+                action = Action.RETRY
         if error is not None and action is Action.ACK:
             self._metrics.jobs.labels(outcome=f"error:{error.code}").inc()
         await self._amqp(message, action)
         return action
 
     async def _amqp(self, message: AbstractIncomingMessage, action: Action) -> None:
-        if action in (Action.ACK, Action.DEAD_LETTER) and self.acks.batches(message):
+        if action in _ACKED and self.acks.batches(message):
             self.acks.ack(message)
             return
         self.acks.settled(message)
         try:
-            if action in (Action.ACK, Action.DEAD_LETTER):
+            if action in _ACKED:
                 await message.ack()
             elif action is Action.REQUEUE:
                 await message.nack(requeue=True)
@@ -236,6 +248,33 @@ class Settler:
         if ended is Ended.NOT_OURS:
             log.warning("error entry not written: another worker holds the request's lease")
         return ended is Ended.STORED
+
+    async def _put_back(self, message: AbstractIncomingMessage) -> None:
+        """Put a copy of the message back in its queue, confirmed by the broker, before
+        the original is acknowledged: a requeue would count as a delivery on a quorum
+        queue (RabbitMQ 4.0 counts every return, and drops a message past its delivery
+        limit). The copy keeps the priority and carries the failed deliveries so far.
+        Killed between the two, both copies run: the stream's lease and terminal entry
+        make the second a no-op."""
+        headers = dict(message.headers or {})
+        returns = headers.get(RETURNS_HEADER)
+        headers[RETURNS_HEADER] = (returns if isinstance(returns, int) else 0) + 1
+        carried = headers.get(DELIVERIES_HEADER)
+        count = headers.pop("x-delivery-count", None)
+        failed = (carried if isinstance(carried, int) else 0) + (
+            count if isinstance(count, int) else 0
+        )
+        if failed:
+            headers[DELIVERIES_HEADER] = failed
+        channel = self._channel()
+        if channel is None:
+            raise ConnectionError("no channel to put the job back on")
+        async with asyncio.timeout(CONFIRM_TIMEOUT_S):
+            await channel.default_exchange.publish(
+                persistent_copy(message, headers),
+                routing_key=self._settings.queue,
+                mandatory=True,
+            )
 
     async def _dead_letter(self, message: AbstractIncomingMessage, error: WorkerError) -> None:
         """Copy the message to `<queue>.dead` with the reason, confirmed by the broker."""

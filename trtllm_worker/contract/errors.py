@@ -31,6 +31,10 @@ class Action(Enum):
     RETRY = "retry"
     """It failed here and may succeed later: back to the queue, counted as a failed
     delivery, so a job that always fails ends as a dead letter."""
+    RETURN = "return"
+    """It makes room for a more urgent job (paused, or given back before it started): a
+    copy goes back to the queue and the message is acknowledged, so that no broker
+    counts it as a delivery; the copy continues the stream."""
 
 
 class WorkerError(Exception):
@@ -92,6 +96,13 @@ class HandBack(WorkerError):
     (shutdown, lost connection or lease, dead engine); another worker continues it."""
 
     action = Action.REQUEUE
+
+
+class Returned(WorkerError):
+    """The job was paused (or not started) to make room for a job of higher priority:
+    it goes back to the queue, never counted as a delivery (see `Action.RETURN`)."""
+
+    action = Action.RETURN
 
 
 class RetryLater(WorkerError):

@@ -7,12 +7,31 @@ from __future__ import annotations
 import uuid
 from typing import Final
 
+from trtllm_worker.contract.priority import MAX_PRIORITY
+
 PUBLISHED_MS_HEADER: Final = "timestamp_in_ms"
 """Milliseconds since the epoch at publication, as RabbitMQ's message-timestamp plugin
 names it (the SDK sets it too); the AMQP `timestamp` property holds whole seconds."""
 
+RETURNS_HEADER: Final = "x-trtllm-returns"
+"""On a copy the worker put back in the queue to make room for a more urgent job: how
+many times the job was paused or given back so far."""
+DELIVERIES_HEADER: Final = "x-trtllm-deliveries"
+"""On such a copy: the failed deliveries of the job before it (the original's
+`x-delivery-count`, which the copy, a new message, starts again from 0)."""
+
 CANCEL_QUEUE_ID_HEX: Final = 12
 """Hex digits after the cancel exchange's name in a worker's cancel queue."""
+
+
+def job_queue_arguments(queue_type: str) -> dict[str, str | int]:
+    """The job queue's arguments as the worker declares it: a classic queue orders
+    priorities 0-9 only if declared with `x-max-priority`; a quorum queue takes no such
+    argument (RabbitMQ 4.0 orders two levels, 0-4 below 5-9, on its own)."""
+    arguments: dict[str, str | int] = {"x-queue-type": queue_type}
+    if queue_type == "classic":
+        arguments["x-max-priority"] = MAX_PRIORITY
+    return arguments
 
 
 def dead_queue_name(queue: str) -> str:

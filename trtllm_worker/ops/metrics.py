@@ -38,6 +38,16 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.paused = Counter(
+            "worker_jobs_paused_total",
+            "Running jobs paused (back to the queue, uncounted) for a job of higher priority",
+            registry=r,
+        )
+        self.given_back = Counter(
+            "worker_jobs_given_back_total",
+            "Jobs given back to the queue unstarted, so that a full worker sees interactive jobs",
+            registry=r,
+        )
         self.resumed = Counter(
             "worker_jobs_resumed_total",
             "Jobs that continued a stream an earlier attempt began",
@@ -55,7 +65,8 @@ class Metrics:
         )
         self.ttft = Histogram(
             "worker_time_to_first_token_seconds",
-            "From taking a job to storing its first token entry",
+            "From taking a job to storing its first token entry, by priority class",
+            ["priority_class"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -80,8 +91,10 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "worker_queue_wait_seconds",
-            "From the producer's AMQP timestamp (whole seconds) to the worker taking the job",
-            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            "From publication (the SDK's timestamp_in_ms header, else the AMQP timestamp in "
+            "whole seconds) to the worker taking the job, by priority class",
+            ["priority_class"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
             registry=r,
         )
         self.inter_token = Histogram(

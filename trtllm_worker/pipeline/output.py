@@ -232,6 +232,10 @@ class OutputProcessor:
         """The requests in hand, as a list: a caller may drop them as it goes."""
         return list(self._in_hand.values())
 
+    def in_engine(self, state: RequestState) -> bool:
+        """Whether its outputs are still taken (it has not finished in the engine)."""
+        return self._states.get(state.engine_id) is state
+
     def add(self, state: RequestState) -> None:
         self._in_hand[state.request_id] = state
         self._states[state.engine_id] = state

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import REDIS_FAILURES
-from trtllm_worker.contract.errors import HandBack, StreamUnusable, WorkerError
+from trtllm_worker.contract.errors import HandBack, Returned, StreamUnusable, WorkerError
 from trtllm_worker.engine.base import EngineOutput
 from trtllm_worker.engine.looper import Looper
 from trtllm_worker.ops.log import about
@@ -131,14 +131,32 @@ class OutputPump:
         (drain timeout, broker connection lost, engine dead, Redis buffer full). Their
         leases are released so the next owner need not wait for them to expire."""
         states = self._processor.states()
+        self._let_go(states, lambda s: HandBack(reason, request_id=s.request_id))
+        return len(states)
+
+    def pause(self, state: RequestState, reason: str) -> bool:
+        """Stop writing for one running request, out of the engine within a step, and
+        let its job go back to the queue uncounted (`Returned`), to make room for a job
+        of higher priority. What it stored stays: the copy resumes from there. False
+        (nothing done) for a request that already finished: its terminal entry is being
+        written, and its slot frees with it."""
+        if not self._processor.in_engine(state):
+            return False
+        self._let_go([state], lambda s: Returned(reason, request_id=s.request_id))
+        return True
+
+    def _let_go(
+        self, states: list[RequestState], error: Callable[[RequestState], WorkerError]
+    ) -> None:
+        """Drop these requests with their error; release their leases in the background
+        (a write in flight with the old token is refused by the fence)."""
         leases = self._leases.forget_all(s.key for s in states)
         for state in states:
-            self.drop(state, HandBack(reason, request_id=state.request_id))
+            self.drop(state, error(state))
         if leases:
             task = asyncio.get_running_loop().create_task(self._leases.release(leases))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        return len(states)
 
     async def wait_background(self) -> None:
         """Wait for the lease releases `hand_back_all` started (before closing Redis)."""

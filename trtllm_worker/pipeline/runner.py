@@ -14,17 +14,20 @@ from typing import TypeVar
 
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import REDIS_UNAVAILABLE
-from trtllm_worker.contract.errors import DeadlineExceeded, HandBack, WorkerError
+from trtllm_worker.contract.errors import DeadlineExceeded, HandBack, Returned, WorkerError
 from trtllm_worker.contract.job import Job, metadata_json
+from trtllm_worker.contract.priority import priority_class
 from trtllm_worker.contract.stream import FinishReason, entry_id
 from trtllm_worker.engine.base import EngineRequest, Sampling
 from trtllm_worker.engine.looper import Looper
+from trtllm_worker.ops.log import about
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import FIRST_TOKEN, INTAKE, RESUMED, SUBMITTED, TERMINAL, JobTrace
 from trtllm_worker.pipeline.intake import Intake, PreparedInput
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
 from trtllm_worker.pipeline.pump import RETRY_MAX_S, OutputPump
+from trtllm_worker.pipeline.slots import GiveBack, Slots, Ticket
 from trtllm_worker.streams.store import ENTRIES_LOST_REASON, Ended, StreamState, StreamStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class JobRunner:
         pump: OutputPump,
         looper: Looper,
         metrics: Metrics,
+        capacity: int | None = None,
     ) -> None:
         self._settings = settings
         self._intake = intake
@@ -69,6 +73,8 @@ class JobRunner:
         self._cancel_requested: set[str] = set()
         self.engine_error: BaseException | None = None
         self._stopping = False
+        self.slots = Slots(capacity or settings.max_batch, settings.preempt_priority, self._pause)
+        """The engine's slots, by priority: a job takes one before it is submitted."""
 
     @property
     def running(self) -> int:
@@ -100,6 +106,7 @@ class JobRunner:
         received_at: float,
         trace: JobTrace | None = None,
         admit: Admit | None = None,
+        priority: int = 0,
     ) -> JobResult:
         """Run one job to its terminal entry. Raises a `WorkerError` whose action says
         what becomes of the message, or a Redis error (retry later). `admit` (the
@@ -115,7 +122,7 @@ class JobRunner:
         finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._active[request_id] = finished
         try:
-            return await self._run(job, received_at, trace, admit)
+            return await self._run(job, received_at, trace, admit, priority)
         finally:
             self._cancel_requested.discard(request_id)
             del self._active[request_id]
@@ -137,7 +144,12 @@ class JobRunner:
                 delay = min(delay * 2, RETRY_MAX_S)
 
     async def _run(
-        self, job: Job, received_at: float, trace: JobTrace | None, admit: Admit | None
+        self,
+        job: Job,
+        received_at: float,
+        trace: JobTrace | None,
+        admit: Admit | None,
+        priority: int,
     ) -> JobResult:
         key = self._settings.stream_prefix + job.request_id
         token = self._leases.new_token()
@@ -148,7 +160,7 @@ class JobRunner:
             lambda: self._stopping,
         )
         try:
-            return await self._run_leased(job, key, stream, received_at, trace, admit)
+            return await self._run_leased(job, key, stream, received_at, trace, admit, priority)
         except WorkerError as exc:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
@@ -168,6 +180,7 @@ class JobRunner:
         received_at: float,
         trace: JobTrace | None,
         admit: Admit | None,
+        priority: int,
     ) -> JobResult:
         if stream.terminal:
             return JobResult(None)
@@ -203,9 +216,55 @@ class JobRunner:
             return await self._end_now(state, FinishReason.DEADLINE, trace)
         if self.engine_error is not None:
             raise HandBack("the engine is not running", request_id=job.request_id)
-        terminal = await self._submit(job, state, prepared, stream.token_ids, received_at, trace)
+        return await self._run_in_slot(job, state, prepared, stream, received_at, trace, priority)
+
+    async def _run_in_slot(
+        self,
+        job: Job,
+        state: RequestState,
+        prepared: PreparedInput,
+        stream: StreamState,
+        received_at: float,
+        trace: JobTrace | None,
+        priority: int,
+    ) -> JobResult:
+        """Wait for an engine slot (by priority), then run the job in it."""
+        try:
+            ticket = await self.slots.acquire(job.request_id, priority)
+        except GiveBack:
+            self._metrics.given_back.inc()
+            raise Returned(
+                "given back unstarted: every slot is busy and interactive jobs are about",
+                request_id=job.request_id,
+            ) from None
+        if ticket is None or job.request_id in self._cancel_requested:
+            if ticket is not None:
+                self.slots.release(ticket)
+            return await self._end_now(state, FinishReason.CANCELLED, trace)
+        try:
+            if ticket.pausing:  # chosen to make room before it was submitted
+                raise Returned("paused before it started", request_id=job.request_id)
+            terminal = await self._submit(
+                job, state, prepared, stream.token_ids, received_at, trace, priority
+            )
+        finally:
+            self.slots.release(ticket)
         ttft = None if state.first_token_at is None else state.first_token_at - received_at
         return JobResult(terminal, ttft)
+
+    def _pause(self, ticket: Ticket) -> None:
+        """Slots chose this running job to make room: out of the engine within a step,
+        back to the queue uncounted; a job not submitted yet sees `ticket.pausing`."""
+        state = self._pump.get(ticket.request_id)
+        if state is not None and self._pump.pause(
+            state, "paused: a job of higher priority needs the slot"
+        ):
+            self._metrics.paused.inc()
+            log.info(
+                "pausing (priority %d) for a job of higher priority",
+                ticket.priority,
+                extra=about(ticket.request_id),
+            )
 
     def _new_state(self, job: Job, key: str, prepared: PreparedInput) -> RequestState:
         params = job.parameters
@@ -284,6 +343,7 @@ class JobRunner:
         published_ids: list[int],
         received_at: float,
         trace: JobTrace | None,
+        priority: int = 0,
     ) -> Terminal:
         params = job.parameters
         resumed = len(published_ids)
@@ -331,7 +391,10 @@ class JobRunner:
             if trace is not None and state.first_token_at is not None:
                 trace.event(FIRST_TOKEN, state.first_token_at)
         if state.first_token_at is not None:
-            self._metrics.ttft.observe(state.first_token_at - received_at)
+            klass = priority_class(priority, self._settings.preempt_priority)
+            self._metrics.ttft.labels(priority_class=klass).observe(
+                state.first_token_at - received_at
+            )
         if trace is not None:
             trace.event(TERMINAL)
         return terminal
@@ -347,6 +410,7 @@ class JobRunner:
             return True
         if request_id in self._active:
             self._cancel_requested.add(request_id)
+            self.slots.withdraw(request_id)  # waiting for a slot: it ends now
             return True
         return False
 
