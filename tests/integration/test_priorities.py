@@ -1,0 +1,218 @@
+"""Priorities with real workers: the queue delivers higher priorities first, a full worker
+pauses a running job of lower priority for an interactive one, and a paused job continues
+its stream whole, never counted as a delivery (the contract's Priorities section)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import aio_pika
+import pytest
+
+from tests.integration.conftest import (
+    Producer,
+    Subscriber,
+    WorkerFactory,
+    terminal,
+    tokens,
+    xread,
+)
+from trtllm_worker.pipeline.slots import Ticket
+
+LONG = 150  # tokens of a batch job: 3 s at 20 ms a step, far longer than a pause takes
+
+
+def rid(tag: str) -> str:
+    return f"pr-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def job(request_id: str, max_new_tokens: int, inputs: str = "abcdefg") -> dict[str, object]:
+    return {
+        "request_id": request_id,
+        "inputs": inputs,
+        "parameters": {"max_new_tokens": max_new_tokens},
+    }
+
+
+def assert_whole(entries: list[dict[str, str]], count: int, inputs: str = "abcdefg") -> None:
+    """Every index once, in order, one terminal entry whose text is the tokens' texts."""
+    assert [int(e["index"]) for e in tokens(entries)] == list(range(count))
+    done = terminal(entries)
+    assert done["event"] == "done"
+    assert done["generated_tokens"] == str(count)
+    expected = (inputs * (count // len(inputs) + 1))[:count]
+    assert "".join(e["text"] for e in tokens(entries)) == done["generated_text"] == expected
+
+
+async def end_order(subscriber: Subscriber, request_ids: list[str]) -> dict[str, int]:
+    """The order in which the streams' terminal entries arrive (one slot: run order)."""
+    last = {subscriber.key(r): "0" for r in request_ids}
+    by_key = {subscriber.key(r): r for r in request_ids}
+    ended: dict[str, int] = {}
+    async with asyncio.timeout(30):
+        while last:
+            for key, items in await xread(subscriber.redis, dict(last), count=1000):
+                for entry_id, fields in items:
+                    last[key] = entry_id
+                    if fields["event"] in ("done", "error"):
+                        ended[by_key[key]] = len(ended)
+                        del last[key]
+                        break
+    return ended
+
+
+async def has_terminal(subscriber: Subscriber, request_id: str) -> bool:
+    return any(e["event"] in ("done", "error") for e in await subscriber.entries(request_id))
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncounted(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, queue_type: str
+) -> None:
+    """Two slots busy with batch jobs; three interactive jobs arrive one after another.
+    Each pauses a batch job at once (its first token comes while both batch jobs are
+    unfinished), and the paused jobs end whole although the delivery limit is 1: a pause
+    never counts as a delivery, on either queue type."""
+    batch = [rid("batch"), rid("batch")]
+    async with run_worker(
+        max_batch=2, echo_step_ms=20, queue_type=queue_type, delivery_limit=1
+    ) as service:
+        for request_id in batch:
+            await producer.publish(job(request_id, LONG), priority=0)
+        for request_id in batch:
+            await subscriber.first_entry(request_id)
+        for _ in range(3):
+            urgent = rid("urgent")
+            await producer.publish(job(urgent, 5), priority=9)
+            await subscriber.first_entry(urgent)
+            # it started while both batch jobs still ran: one of them made room
+            assert not [b for b in batch if await has_terminal(subscriber, b)]
+            assert_whole(await subscriber.read_until_terminal(urgent), 5)
+        results = await subscriber.read_many(batch)
+        paused = service.metrics.paused._value.get()
+    assert paused == 3
+    for request_id in batch:
+        assert_whole(results[request_id], LONG)
+
+
+async def test_no_pause_for_a_job_below_the_preempt_priority(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """Priority 4 is below WORKER_PREEMPT_PRIORITY (5): it waits for a free slot."""
+    batch = rid("batch")
+    async with run_worker(max_batch=1, echo_step_ms=10, queue_type="classic") as service:
+        await producer.publish(job(batch, 60), priority=0)
+        await subscriber.first_entry(batch)
+        waiting = rid("waiting")
+        await producer.publish(job(waiting, 3), priority=4)
+        await subscriber.read_until_terminal(waiting)
+        batch_entries = await subscriber.entries(batch)
+        paused = service.metrics.paused._value.get()
+    assert paused == 0
+    assert_whole(batch_entries, 60)  # it ran to its end before the other started
+
+
+async def test_pausing_off_at_10(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    batch = rid("batch")
+    async with run_worker(
+        max_batch=1, echo_step_ms=10, queue_type="classic", preempt_priority=10
+    ) as service:
+        await producer.publish(job(batch, 40), priority=0)
+        await subscriber.first_entry(batch)
+        urgent = rid("urgent")
+        await producer.publish(job(urgent, 3), priority=9)
+        await subscriber.read_until_terminal(urgent)
+        assert await has_terminal(subscriber, batch)
+        paused = service.metrics.paused._value.get()
+    assert paused == 0
+
+
+async def test_the_queue_delivers_higher_priorities_first(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """A classic queue is declared with x-max-priority: jobs waiting in it leave it by
+    priority (pausing off, one slot: the order is the queue's alone)."""
+    first = rid("first")
+    async with run_worker(max_batch=1, echo_step_ms=5, queue_type="classic", preempt_priority=10):
+        await producer.publish(job(first, 40), priority=0)
+        await subscriber.first_entry(first)
+        # published while the only slot is busy and the only delivery is taken
+        order = [(rid("p0"), 0), (rid("p3"), 3), (rid("p9"), 9), (rid("p6"), 6)]
+        for request_id, priority in order:
+            await producer.publish(job(request_id, 10), priority=priority)
+        ended = await end_order(subscriber, [r for r, _ in order])
+    assert [priority for request_id, priority in sorted(order, key=lambda o: ended[o[0]])] == [
+        9,
+        6,
+        3,
+        0,
+    ]
+
+
+async def test_an_existing_classic_queue_without_priorities_is_one_line(
+    run_worker: WorkerFactory, amqp_channel: aio_pika.abc.AbstractChannel, names: dict[str, str]
+) -> None:
+    from trtllm_worker.contract.errors import ConfigError
+
+    await amqp_channel.declare_queue(
+        names["queue"], durable=True, arguments={"x-queue-type": "classic"}
+    )
+    with pytest.raises(ConfigError) as raised:
+        async with run_worker(queue_type="classic"):
+            pass
+    line = str(raised.value)
+    assert "\n" not in line
+    assert "without priorities" in line
+    assert "Migrating a queue to priorities" in line
+    assert "x-max-priority" in line
+
+
+async def test_priority_above_9_is_clamped(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """The property is an octet: 200 is treated as 9, as the queue treats it."""
+    batch = rid("batch")
+    async with run_worker(max_batch=1, echo_step_ms=20, queue_type="classic") as service:
+        await producer.publish(job(batch, LONG), priority=0)
+        await subscriber.first_entry(batch)
+        urgent = rid("urgent")
+        await producer.publish(job(urgent, 3), priority=200)
+        await subscriber.read_until_terminal(urgent)
+        assert not await has_terminal(subscriber, batch)
+        assert service.metrics.paused._value.get() == 1
+        assert_whole(await subscriber.read_until_terminal(batch), LONG)
+
+
+async def test_a_cancelled_job_waiting_for_a_slot_ends_at_once(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batch = rid("batch")
+    async with run_worker(max_batch=1, echo_step_ms=20, queue_type="classic") as service:
+        await producer.publish(job(batch, LONG), priority=0)
+        await subscriber.first_entry(batch)
+        held = rid("held")
+        runner = service._runner
+        assert runner is not None
+        waiting = asyncio.Event()
+        acquire = runner.slots.acquire
+
+        async def acquire_and_say(request_id: str, priority: int) -> Ticket | None:
+            if request_id == held:
+                waiting.set()  # the slot is busy: it waits from here on, synchronously
+            return await acquire(request_id, priority)
+
+        monkeypatch.setattr(runner.slots, "acquire", acquire_and_say)
+        await producer.publish(job(held, 5), priority=1)
+        async with asyncio.timeout(10):
+            await waiting.wait()
+        assert runner.slots.waiting == 1
+        await producer.cancel(held)
+        entries = await subscriber.read_until_terminal(held)
+        assert terminal(entries)["finish_reason"] == "cancelled"
+        assert not await has_terminal(subscriber, batch)
