@@ -216,3 +216,34 @@ async def test_a_cancelled_job_waiting_for_a_slot_ends_at_once(
         entries = await subscriber.read_until_terminal(held)
         assert terminal(entries)["finish_reason"] == "cancelled"
         assert not await has_terminal(subscriber, batch)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_a_full_worker_with_a_backlog_sees_an_interactive_job(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, queue_type: str
+) -> None:
+    """One slot, a backlog of batch jobs: the worker runs one and holds the next in the
+    lookout. Once interactive jobs are about, the held job is given back (uncounted) so
+    that the broker can hand over the interactive one, which pauses the running job."""
+    async with run_worker(
+        max_batch=1, echo_step_ms=20, queue_type=queue_type, delivery_limit=1
+    ) as service:
+        warm = rid("warm")  # an interactive job on the idle worker opens the lookout
+        await producer.publish(job(warm, 2), priority=9)
+        await subscriber.read_until_terminal(warm)
+        backlog = [rid("batch") for _ in range(4)]
+        for request_id in backlog:
+            await producer.publish(job(request_id, 80), priority=0)
+        await subscriber.first_entry(backlog[0])
+        urgent = rid("urgent")
+        await producer.publish(job(urgent, 3), priority=9)
+        await subscriber.first_entry(urgent)
+        assert not await has_terminal(subscriber, backlog[0])  # it made room
+        results = await subscriber.read_many([urgent, *backlog])
+        given_back = service.metrics.given_back._value.get()
+        paused = service.metrics.paused._value.get()
+    assert given_back >= 1
+    assert paused == 1
+    assert_whole(results[urgent], 3)
+    for request_id in backlog:
+        assert_whole(results[request_id], 80)
