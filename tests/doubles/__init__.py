@@ -1,4 +1,5 @@
-"""Test double of the parts of TensorRT-LLM 1.2.x that the worker's adapters use.
+"""Test double of the parts of TensorRT-LLM 1.2.x that the worker's adapters use (and,
+by `version`, of the 1.4 `generate_async`).
 
 ``install_tensorrt_llm(monkeypatch)`` makes ``import tensorrt_llm`` (and its submodules) resolve
 to ``tests/doubles/tensorrt_llm`` for one test and returns the :class:`FakeGpu` behind it.
@@ -34,10 +35,13 @@ _MODULES = (
 )
 
 
-def install_tensorrt_llm(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+def install_tensorrt_llm(monkeypatch: pytest.MonkeyPatch, version: str = "1.2.1") -> FakeGpu:
+    """`version` picks the release the double imitates where releases differ in a way the
+    adapters must cope with: "1.4.0" gives `LLM.generate_async` its `priority` keyword."""
     for name in [n for n in sys.modules if n == "tensorrt_llm" or n.startswith("tensorrt_llm.")]:
         monkeypatch.delitem(sys.modules, name)  # a real or stale copy must not shadow the double
     gpu = FakeGpu()
+    gpu.version = version
     monkeypatch.setattr(fake_gpu, "_current", gpu)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     for name in _MODULES:

@@ -236,8 +236,14 @@ class FakeGpu:
         self.kv_cache_requests: int | None = None
         """Requests the KV cache holds at once (None: no limit): below max_batch_size
         the engine queues the rest on its own, as under KV-cache pressure."""
+        self.version = "1.2.1"
+        """The TensorRT-LLM release the double imitates, fixed when it is installed
+        (`install_tensorrt_llm(version=...)`): "1.2.x", or "1.4.x" for the later
+        `generate_async` shape with `priority`."""
         # Everything the doubles received, in order (real objects of the double's classes).
         self.llm_kwargs: list[dict[str, Any]] = []
+        self.submit_options: list[dict[str, Any]] = []
+        """Per `LLM.generate_async` call: the `cache_salt` it got and, on 1.4, `priority`."""
         self.sampling_params: list[Any] = []
         self.requests: list[Any] = []
         self.executor_configs: list[Any] = []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import trtllm_worker.engine
 from tests.doubles import FakeGpu, install_tensorrt_llm
 from trtllm_worker.config import Settings
 from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest
@@ -22,11 +23,15 @@ POISON = FakeGpu.POISON_TOKEN
 EngineFactory = Callable[..., Engine]
 
 
-def install_double(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
-    """The double installed as `tensorrt_llm`; adapter modules re-imported against it."""
-    fake = install_tensorrt_llm(monkeypatch)
+def install_double(monkeypatch: pytest.MonkeyPatch, version: str = "1.2.1") -> FakeGpu:
+    """The double installed as `tensorrt_llm` (imitating `version`); adapter modules
+    re-imported against it."""
+    fake = install_tensorrt_llm(monkeypatch, version)
     for name in ("trtllm_worker.engine.trtllm", "trtllm_worker.engine.trtllm_executor"):
         monkeypatch.delitem(sys.modules, name, raising=False)
+        # `from trtllm_worker.engine import trtllm` reads the package's attribute first:
+        # without this a test would get the adapter bound to an earlier test's double
+        monkeypatch.delattr(trtllm_worker.engine, name.rsplit(".", 1)[1], raising=False)
     return fake
 
 

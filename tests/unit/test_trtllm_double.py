@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -304,3 +305,102 @@ def test_executor_cancel_of_a_queued_request_waits_for_admission(gpu: FakeGpu) -
     tokens = [t for r in responses for t in r.result.output_token_ids[0]]
     assert tokens  # its first step ran once admitted
     assert responses[-1].result.finish_reasons == [tle.FinishReason.CANCELLED]
+
+
+# -- priorities and tenants (generate_async by release, Request) ------------------------------
+
+GENERATE_ASYNC_1_2 = [
+    "inputs",
+    "sampling_params",
+    "lora_request",
+    "prompt_adapter_request",
+    "streaming",
+    "kv_cache_retention_config",
+    "disaggregated_params",
+    "_postproc_params",
+    "scheduling_params",
+    "cache_salt",
+]
+"""llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25."""
+
+GENERATE_ASYNC_1_4 = [
+    "inputs",
+    "sampling_params",
+    "lora_request",
+    "prompt_adapter_request",
+    "streaming",
+    "kv_cache_retention_config",
+    "disaggregated_params",
+    "trace_headers",
+    "_postproc_params",
+    "scheduling_params",
+    "conversation_params",
+    "cache_salt",
+    "priority",
+]
+"""llmapi/llm.py @ 1f064c467a211b4168555ca06bb9b801c64eae20."""
+
+
+def _parameters(llm: object) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(llm.generate_async).parameters)  # type: ignore[attr-defined]
+
+
+def test_generate_async_1_2_has_no_priority(gpu: FakeGpu) -> None:
+    from tensorrt_llm import LLM, SamplingParams
+
+    with LLM("ckpt", skip_tokenizer_init=True) as llm:
+        assert _parameters(llm) == GENERATE_ASYNC_1_2
+        params = SamplingParams(end_id=2, max_tokens=2)
+        with pytest.raises(TypeError, match="priority"):
+            llm.generate_async([4], params, priority=0.5)  # type: ignore[call-arg]
+        llm.generate_async([4], params, cache_salt="tenant-a").result()
+    assert gpu.submit_options == [{"cache_salt": "tenant-a"}]
+
+
+def test_generate_async_1_4_takes_a_priority_in_0_to_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = install_tensorrt_llm(monkeypatch, "1.4.0")
+    import tensorrt_llm
+    from tensorrt_llm import LLM, SamplingParams
+
+    assert tensorrt_llm.__version__ == "1.4.0"
+    with LLM("ckpt", skip_tokenizer_init=True) as llm:
+        assert _parameters(llm) == GENERATE_ASYNC_1_4
+        generate: Any = llm.generate_async  # the 1.4 shape, which the double's source hides
+        params = SamplingParams(end_id=2, max_tokens=2)
+        for bad in (1.01, -0.1, float("nan")):
+            with pytest.raises(ValueError, match=r"priority must be a float in \[0.0, 1.0\]"):
+                generate([4], params, priority=bad)
+        generate([4], params).result()
+        generate([4], params, priority=1.0, cache_salt="tenant-a").result()
+        generate([4], params, priority=0.0).result()
+    assert gpu.submit_options == [
+        {"cache_salt": None, "priority": 0.5},
+        {"cache_salt": "tenant-a", "priority": 1.0},
+        {"cache_salt": None, "priority": 0.0},
+    ]
+
+
+def test_cache_salt_must_be_a_str(gpu: FakeGpu) -> None:
+    """1.2 checks nothing else: `get_cache_salt_id` calls `cache_salt.encode("utf-8")`."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    with LLM("ckpt", skip_tokenizer_init=True) as llm:
+        with pytest.raises(AttributeError, match="encode"):
+            llm.generate_async([4], SamplingParams(end_id=2), cache_salt=7)  # type: ignore[arg-type]
+        llm.generate_async([4], SamplingParams(end_id=2, max_tokens=1), cache_salt="t" * 1000)
+    assert gpu.submit_options == [{"cache_salt": "t" * 1000}]  # no length limit in 1.2
+
+
+def test_executor_request_priority_and_cache_salt_id(gpu: FakeGpu) -> None:
+    """request.cpp: `priority` defaults to 0.5; `cache_salt_id` is an optional uint64."""
+    import tensorrt_llm.bindings.executor as tle
+
+    assert tle.Request([4], 3).priority == 0.5
+    assert tle.Request([4], 3).cache_salt_id is None
+    request = tle.Request([4], 3, priority=1.0, cache_salt_id=(1 << 64) - 1)
+    assert (request.priority, request.cache_salt_id) == (1.0, (1 << 64) - 1)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(TypeError):
+            tle.Request([4], 3, cache_salt_id=bad)

@@ -74,6 +74,13 @@ class EngineRequest:
     deadline: float | None = None
     """Wall-clock time (`time.time()`) after which the engine may stop the request with
     `FinishReason.DEADLINE`; the worker also aborts it then."""
+    priority: float | None = None
+    """The job's AMQP priority (0-9) divided by 9, so 0.0 to 1.0, TensorRT-LLM's scale
+    (higher first); None: the engine's default (0.5 in TensorRT-LLM)."""
+    cache_salt: str | None = None
+    """The job's tenant: requests with different salts never share KV-cache blocks, so
+    one tenant cannot learn another's prompts from cache timing. None: no tenant, no
+    salt (such requests share blocks with each other only)."""
 
 
 def stop_ids(request: EngineRequest) -> list[int]:

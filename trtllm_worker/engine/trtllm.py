@@ -11,6 +11,7 @@ running on a thread of its own (see `LlmApiEngine`)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import queue
@@ -139,6 +140,68 @@ def read_extra_options(path: Path | None) -> dict[str, Any]:
     return data
 
 
+def takes_priority(llm: LLM) -> bool:
+    """Whether this TensorRT-LLM's `generate_async` has a `priority` keyword (1.3 on,
+    TensorRT-LLM PR #12362; 1.2 has none and would raise TypeError). Read from the
+    signature rather than the version, as release candidates differ."""
+    try:
+        return "priority" in inspect.signature(llm.generate_async).parameters
+    except (TypeError, ValueError):  # no signature to read: assume the 1.2 shape
+        return False
+
+
+def submit_options(request: EngineRequest, *, priority: bool) -> dict[str, Any]:
+    """The keywords of `generate_async` beyond the prompt and sampling: the tenant as
+    `cache_salt` (KV-cache blocks are reused only between requests with the same salt),
+    and the job's priority where the engine takes one. Unset ones are left out, so the
+    engine's defaults apply (no salt; priority 0.5)."""
+    options: dict[str, Any] = {}
+    if request.cache_salt is not None:
+        options["cache_salt"] = request.cache_salt
+    if priority and request.priority is not None:
+        options["priority"] = request.priority
+    return options
+
+
+def _waiting_queue_policy(args: Any) -> str:
+    """The LLM's waiting-queue policy ("fcfs" unless set; 1.2 has no such field)."""
+    scheduler = getattr(args, "scheduler_config", None)
+    if isinstance(scheduler, dict):
+        policy = scheduler.get("waiting_queue_policy")
+    else:
+        policy = getattr(scheduler, "waiting_queue_policy", None)
+    policy = getattr(policy, "value", policy)  # an enum in the real config
+    return str(policy).lower() if policy is not None else "fcfs"
+
+
+def log_priority_support(takes: bool, args: Any) -> None:
+    """Say once at start whether job priorities reach the engine, and whether it uses
+    them: an operator otherwise cannot tell that the engine queues FCFS."""
+    version = tensorrt_llm.__version__
+    if not takes:
+        log.info(
+            "TensorRT-LLM %s: generate_async takes no priority (1.3 on does): job priorities "
+            "order jobs in the worker only; tenants reach it as cache_salt",
+            version,
+        )
+        return
+    policy = _waiting_queue_policy(args)
+    if policy == "priority":
+        log.info(
+            "TensorRT-LLM %s: job priorities reach it as priority = p/9 (waiting-queue policy "
+            "priority); tenants as cache_salt",
+            version,
+        )
+    else:
+        log.warning(
+            "TensorRT-LLM %s: job priorities reach it as priority = p/9, but its waiting-queue "
+            "policy %s ignores them; set scheduler_config: {waiting_queue_policy: priority} in "
+            "the WORKER_LLM_EXTRA_OPTIONS file to use them; tenants reach it as cache_salt",
+            version,
+            policy,
+        )
+
+
 def guided_decoding(request: EngineRequest) -> GuidedDecodingParams | None:
     if request.guide is None:
         return None
@@ -195,6 +258,8 @@ class LlmApiEngine:
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
             ignored_parameters=ignored_parameters(str(args.sampler_type)),
         )
+        self._takes_priority = takes_priority(llm)
+        log_priority_support(self._takes_priority, args)
         self._cancel_timeout_s = cancel_timeout_s
         self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
         self._results: dict[int, RequestOutput] = {}
@@ -272,7 +337,10 @@ class LlmApiEngine:
     def _submit(self, request: EngineRequest) -> None:
         try:
             result = self._llm.generate_async(
-                list(request.prompt_ids), sampling_params=sampling_params(request), streaming=True
+                list(request.prompt_ids),
+                sampling_params=sampling_params(request),
+                streaming=True,
+                **submit_options(request, priority=self._takes_priority),
             )
         except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
             self._outputs.put(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))

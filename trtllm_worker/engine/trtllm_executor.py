@@ -8,6 +8,7 @@ otherwise) and releases the GIL while it waits."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -167,6 +168,10 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
         "s" * (world_size > 1),
         "orchestrator" if world_size > 1 else "leader",
     )
+    log.info(
+        "job priorities reach the Executor as Request.priority = p/9 (its queue serves higher "
+        "first); tenants as cache_salt_id (no KV-cache blocks shared between tenants)"
+    )
     config = executor_config(settings, world_size)
     config.guided_decoding_config = guided_decoding_config(settings, tokenizer)
     executor = tle.Executor(settings.engine_dir, tle.ModelType.DECODER_ONLY, config)
@@ -176,6 +181,27 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
         limits=limits,
         cancel_timeout_s=settings.engine_cancel_timeout_s,
     )
+
+
+def cache_salt_id(salt: str) -> int:
+    """The tenant as the Executor's `cache_salt_id` (an unsigned 64-bit id; KV-cache
+    blocks are reused only between requests with the same id, `BlockKey` in
+    `kvCacheManager.cpp`). Derived as the LLM API derives it from `cache_salt` (8 bytes
+    of a hash of the UTF-8 text, little-endian); TensorRT-LLM hashes with blake3, this
+    with the standard library's blake2b: the ids differ, the isolation is the same."""
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "little")
+
+
+def request_options(request: EngineRequest) -> dict[str, Any]:
+    """`Request` keywords left out when the job does not set them, so the Executor's
+    defaults apply: `priority` (0.5; its queue serves higher first, `insertRequestInOrder`
+    in `requestUtils.cpp`) and `cache_salt_id` (none)."""
+    options: dict[str, Any] = {}
+    if request.priority is not None:
+        options["priority"] = request.priority
+    if request.cache_salt is not None:
+        options["cache_salt_id"] = cache_salt_id(request.cache_salt)
+    return options
 
 
 def make_request(request: EngineRequest) -> tle.Request:
@@ -209,6 +235,7 @@ def make_request(request: EngineRequest) -> tle.Request:
         guided_decoding_params=guided_decoding_params(request),
         client_id=request.id,
         allotted_time_ms=allotted,
+        **request_options(request),
     )
 
 

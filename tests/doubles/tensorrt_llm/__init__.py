@@ -1,9 +1,11 @@
 # mirrors tensorrt_llm/__init__.py (1.2.x): ``from tensorrt_llm import LLM, SamplingParams``.
 # Test double only: see tests/doubles/__init__.py (install_tensorrt_llm).
+from tests.doubles import fake_gpu
+
 from . import bindings as bindings
 from .llmapi import LLM
 from .sampling_params import SamplingParams
 
-__version__ = "1.2.1"
+__version__ = fake_gpu.current().version  # "1.2.1" unless installed as another release
 
 __all__ = ["LLM", "SamplingParams", "__version__"]

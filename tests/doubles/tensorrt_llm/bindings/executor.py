@@ -418,6 +418,15 @@ class Request:
         self.kv_cache_retention_config = kv_cache_retention_config
         seconds = _seconds(allotted_time_ms)
         self.allotted_time_ms = None if seconds is None else timedelta(seconds=seconds)
+        # request.cpp @ ac456dcad7e63b0ee6387ebb2ee2ef330d142ebe: `cache_salt_id` is
+        # std::optional<CacheSaltIDType> (uint64), and nanobind refuses an int it cannot
+        # convert with TypeError. priority (PriorityType, a float) defaults to
+        # Request::kDefaultPriority, 0.5; the double does not reorder its queue by it
+        # (the real one does: insertRequestInOrder, requestUtils.cpp).
+        if cache_salt_id is not None and not (
+            isinstance(cache_salt_id, int) and 0 <= cache_salt_id < 1 << 64
+        ):
+            raise TypeError("__init__(): incompatible function arguments (cache_salt_id)")
         self.cache_salt_id = cache_salt_id
 
     @property

@@ -28,6 +28,8 @@ from .llm_args import TorchLlmArgs
 
 __all__ = ["LLM", "RequestOutput"]
 
+DEFAULT_REQUEST_PRIORITY = 0.5  # executor/request.py (1.4 era): "Mirrors C++ executor.h"
+
 _FINISH = {
     "end_id": FinishReason.END_ID,
     "stop_words": FinishReason.STOP_WORDS,
@@ -139,10 +141,56 @@ class LLM:
         scheduling_params: Any | None = None,
         cache_salt: str | None = None,
     ) -> RequestOutput:
-        """Submit one prompt; a plain method returning at once (do not await the call)."""
+        """Submit one prompt; a plain method returning at once (do not await the call).
+        The 1.2 signature (llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25): no
+        `priority`, so passing one is a TypeError; installed as 1.4 the double uses
+        `_generate_async_1_4` instead."""
+        return self._submit(inputs, sampling_params, streaming, cache_salt, {})
+
+    def _generate_async_1_4(
+        self,
+        inputs: list[int] | dict[str, Any] | str,
+        sampling_params: SamplingParams | None = None,
+        lora_request: Any | None = None,
+        prompt_adapter_request: Any | None = None,
+        streaming: bool = False,
+        kv_cache_retention_config: Any | None = None,
+        disaggregated_params: Any | None = None,
+        trace_headers: Any | None = None,
+        _postproc_params: Any | None = None,
+        scheduling_params: Any | None = None,
+        conversation_params: Any | None = None,
+        cache_salt: str | None = None,
+        priority: float = DEFAULT_REQUEST_PRIORITY,
+    ) -> RequestOutput:
+        """The 1.4-era signature (llmapi/llm.py @ 1f064c467a211b4168555ca06bb9b801c64eae20:
+        `trace_headers` moved before `_postproc_params`, `conversation_params` and
+        `priority=DEFAULT_REQUEST_PRIORITY` (0.5) added). `GenerationRequest.__init__`
+        (executor/request.py of the same era) refuses a priority outside [0, 1] with
+        ValueError while `generate_async` runs, so the call itself raises. The double
+        records the priority; it does not reorder its queue by it (the real
+        `PriorityWaitingQueue` does so only with waiting_queue_policy "priority")."""
+        if not (0.0 <= priority <= 1.0):
+            raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
+        return self._submit(inputs, sampling_params, streaming, cache_salt, {"priority": priority})
+
+    def _submit(
+        self,
+        inputs: list[int] | dict[str, Any] | str,
+        sampling_params: SamplingParams | None,
+        streaming: bool,
+        cache_salt: str | None,
+        options: dict[str, Any],
+    ) -> RequestOutput:
         if self._shutdown:
             raise RuntimeError("LLM is shutting down")
         params = self._prepare_sampling_params(sampling_params)
+        # llm.py @ 4c05a748: `cache_salt_id = get_cache_salt_id(cache_salt) if cache_salt
+        # is not None else None`, and get_cache_salt_id (inputs/utils.py @ bab0f2e6)
+        # starts with `cache_salt.encode("utf-8")`: no other check (no length limit), so
+        # a non-str fails there. The same check is kept for the 1.4 shape.
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise AttributeError(f"'{type(cache_salt).__name__}' object has no attribute 'encode'")
         prompt = self._prompt_token_ids(inputs)
         max_num_tokens = self.args.max_num_tokens
         if not self.args.enable_chunked_prefill and max_num_tokens and len(prompt) > max_num_tokens:
@@ -151,6 +199,7 @@ class LLM:
                 f"exceed max_num_tokens ({max_num_tokens})"
             )
         self._gpu.sampling_params.append(params)
+        self._gpu.submit_options.append({"cache_salt": cache_salt, **options})
         self._maybe_initialize_iteration_results()
         self._handle_background_error()
         stop_words = params._get_stop_words()
@@ -293,3 +342,13 @@ class LLM:
             payload.log_probs = [self._logprobs(job.generated, params.logprobs, params)]
             payload.cum_log_probs = [self._gpu.logprob * len(job.generated)]
         result._deliver((_LlmResponse(result.request_id, None, payload), None))
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+if _release(fake_gpu.current().version) >= (1, 3):
+    # priority came with 1.3 (TensorRT-LLM PR #12362); the adapter reads the signature
+    setattr(LLM, "generate_async", LLM._generate_async_1_4)  # noqa: B010
