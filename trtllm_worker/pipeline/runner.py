@@ -16,7 +16,7 @@ from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import REDIS_UNAVAILABLE
 from trtllm_worker.contract.errors import DeadlineExceeded, HandBack, Returned, WorkerError
 from trtllm_worker.contract.job import Job, metadata_json
-from trtllm_worker.contract.priority import priority_class
+from trtllm_worker.contract.priority import MAX_PRIORITY, priority_class
 from trtllm_worker.contract.stream import FinishReason, entry_id
 from trtllm_worker.engine.base import EngineRequest, Sampling
 from trtllm_worker.engine.looper import Looper
@@ -370,6 +370,7 @@ class JobRunner:
             guide=prepared.grammar,
             resumed_tokens=resumed,
             deadline=None if job.deadline is None else job.deadline.timestamp(),
+            priority=priority / MAX_PRIORITY,
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)
