@@ -18,6 +18,7 @@ from tests.integration.conftest import (
     tokens,
     xread,
 )
+from trtllm_worker.engine.base import EngineRequest
 from trtllm_worker.pipeline.slots import Ticket
 
 LONG = 150  # tokens of a batch job: 3 s at 20 ms a step, far longer than a pause takes
@@ -247,3 +248,31 @@ async def test_a_full_worker_with_a_backlog_sees_an_interactive_job(
     assert_whole(results[urgent], 3)
     for request_id in backlog:
         assert_whole(results[request_id], 80)
+
+
+async def test_the_engine_gets_the_priority_over_nine(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TensorRT-LLM's request priority is 0 to 1: the job's 0-9 divided by 9."""
+    async with run_worker(queue_type="classic") as service:
+        looper = service._looper
+        assert looper is not None
+        submitted: list[EngineRequest] = []
+        submit = looper.submit
+
+        def record(request: EngineRequest) -> None:
+            submitted.append(request)
+            submit(request)
+
+        monkeypatch.setattr(looper, "submit", record)
+        jobs = [(rid("p9"), 9), (rid("p0"), 0), (rid("p3"), 3)]
+        for request_id, priority in jobs:
+            await producer.publish(job(request_id, 2), priority=priority)
+            await subscriber.read_until_terminal(request_id)
+        absent = rid("absent")  # no priority property: 0
+        await producer.publish(job(absent, 2))
+        await subscriber.read_until_terminal(absent)
+    assert [r.priority for r in submitted] == [1.0, 0.0, 3 / 9, 0.0]
