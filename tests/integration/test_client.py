@@ -510,3 +510,21 @@ async def test_cancel_when_no_worker_ever_declared_the_cancel_exchange(
         done = await asyncio.wait_for(client.result(request_id), 30)
         assert (await asyncio.wait_for(client.result(other), 30)).generated_text == "def"
     assert (done.finish_reason, done.generated_tokens) == ("cancelled", 0)
+
+
+async def test_a_requeued_dead_letter_forgets_the_deliveries_a_paused_copy_carried(
+    run_worker: WorkerFactory, client: Client, producer: Producer
+) -> None:
+    """A job paused, then failed into the dead-letter queue, carries its failed
+    deliveries in `x-trtllm-deliveries`; requeued by an operator, it starts afresh."""
+    request_id = rid()
+    async with run_worker(delivery_limit=1):
+        producer.queue = f"{producer.queue}.dead"
+        await producer.publish(
+            {"request_id": request_id, "inputs": "hi", "parameters": {"max_new_tokens": 2}},
+            headers={"x-error-code": "internal_error", "x-trtllm-deliveries": 5},
+        )
+        requeued = await client.requeue_dead_letters([request_id])
+        assert [letter.request_id for letter in requeued] == [request_id]
+        done = await asyncio.wait_for(client.result(request_id), 30)
+    assert done.finish_reason == "length"

@@ -222,3 +222,33 @@ async def test_copies_of_a_finished_job_on_a_classic_queue_are_not_dead_lettered
         declared = await amqp_channel.declare_queue(queue_name, durable=True, passive=True)
         assert declared.declaration_result.message_count == 0, queue_name
     assert not await subscriber.redis.exists(deliveries_key(subscriber.key(request_id)))
+
+
+async def test_a_copy_put_back_carries_its_failed_deliveries(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """A paused job's copy starts again at x-delivery-count 0 at the broker; the failed
+    deliveries before it, in `x-trtllm-deliveries`, still count towards the limit."""
+    request_id = rid()
+    async with run_worker(delivery_limit=3):
+        await producer.publish(
+            {"request_id": request_id, "inputs": "hi"},
+            headers={"x-trtllm-deliveries": 2, "x-delivery-count": 1, "x-trtllm-returns": 4},
+        )
+        entries = await subscriber.read_until_terminal(request_id)
+    assert entries[0]["event"] == "error"
+    assert "delivered 4 times" in entries[0]["message"]
+
+
+async def test_returns_alone_never_count(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """Paused 50 times and never failed: the job runs (delivery limit 1)."""
+    request_id = rid()
+    async with run_worker(delivery_limit=1):
+        await producer.publish(
+            {"request_id": request_id, "inputs": "hi", "parameters": {"max_new_tokens": 2}},
+            headers={"x-trtllm-returns": 50},
+        )
+        entries = await subscriber.read_until_terminal(request_id)
+    assert entries[-1]["event"] == "done"

@@ -10,12 +10,14 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import BaseModel, ConfigDict
 
 from trtllm_worker.contract.job import valid_request_id
+from trtllm_worker.contract.queues import DELIVERIES_HEADER
 from trtllm_worker.streams.scripts import lua
 
 ERROR_HEADERS = frozenset({"x-error-code", "x-error-message"})
-# Broker bookkeeping a republished copy must not carry: a quorum queue's delivery count
-# would make the worker count the dead letter's past deliveries against the new job.
-DROPPED_HEADERS = ERROR_HEADERS | {"x-delivery-count"}
+# Bookkeeping a requeued copy must not carry: a quorum queue's delivery count (and the
+# failed deliveries a paused job's copy carries) would make the worker count the dead
+# letter's past deliveries against the new job.
+DROPPED_HEADERS = ERROR_HEADERS | {"x-delivery-count", DELIVERIES_HEADER}
 
 RESET_FOR_REQUEUE = lua("reset_for_requeue")
 """Forgets a job's delivery count, and removes its stream when it ends with the `error`
