@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these requests",
     )
     commands.add_parser(
+        "migrate-queue",
+        help="declare the job queue again as this worker declares it (priorities, "
+        "WORKER_QUEUE_TYPE), keeping its jobs; stop the workers first",
+    )
+    commands.add_parser(
         "check",
         help="check the broker, Redis, the queues, the tokenizer and the engine settings; "
         "one line each, non-zero exit on a problem",
@@ -355,6 +360,8 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
             return ExitCode.OK
         if args.command == "dead-letters":
             return await _dead_letters(client, args.requeue, args.request_ids)
+        if args.command == "migrate-queue":
+            return await _migrate_queue(client)
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -437,6 +444,21 @@ def dead_letter_line(letter: DeadLetter) -> str:
     """`<request id or -> <code>: <reason>`, on one line."""
     reason = " ".join(letter.message.split()) or "(no reason given)"
     return f"{letter.request_id or '-'} {letter.code}: {reason}"
+
+
+async def _migrate_queue(client: Client) -> int:
+    from trtllm_worker.client.migrate import MigrationRefused
+
+    try:
+        done = await client.migrate_queue(report=_note)
+    except MigrationRefused as exc:
+        _error(str(exc))
+        return ExitCode.FAILED
+    if done.migrated:
+        _note(f"queue {done.queue!r} migrated: {done.moved} jobs kept")
+    else:
+        _note(f"queue {done.queue!r} is already as the worker declares it: nothing to do")
+    return ExitCode.OK
 
 
 async def _dead_letters(client: Client, requeue: bool, request_ids: list[str] | None) -> int:

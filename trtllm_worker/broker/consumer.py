@@ -64,11 +64,6 @@ shortstr.install()
 RunJob = Callable[[Job, float, JobTrace | None, Admit | None, int], Awaitable[JobResult]]
 """The runner's `run`: job, when it was received, its trace, the delivery check, its
 priority."""
-CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
-"""The job queue's `x-consumer-timeout` (RabbitMQ 3.12 and later): a week. The broker's
-default (30 minutes, node-wide) would close the channel of a worker whose job runs longer
-and requeue its jobs; the worker bounds its jobs itself (engine stall detection, leases,
-deadlines). A `consumer-timeout` policy still lowers it: the broker takes the lower."""
 _AMQP_FAILURES = (aio_pika.exceptions.AMQPError, RuntimeError, ConnectionError)
 _VERB = {
     Action.ACK: "ended",
@@ -153,10 +148,7 @@ class Consumer:
             self._queue = await channel.declare_queue(
                 settings.queue,
                 durable=True,
-                arguments={
-                    **job_queue_arguments(settings.queue_type),
-                    "x-consumer-timeout": CONSUMER_TIMEOUT_MS,
-                },
+                arguments={**job_queue_arguments(settings.queue_type)},
             )
             await channel.declare_queue(
                 settings.dead_queue,

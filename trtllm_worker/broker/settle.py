@@ -16,11 +16,11 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from trtllm_worker.config import Settings
-from trtllm_worker.connect.messages import persistent_copy
+from trtllm_worker.connect.messages import fold_delivery_count, persistent_copy
 from trtllm_worker.connect.redis import REDIS_FAILURES
 from trtllm_worker.contract.errors import Action, RetryLater, StreamUnusable, WorkerError
 from trtllm_worker.contract.job import valid_request_id
-from trtllm_worker.contract.queues import DELIVERIES_HEADER, RETURNS_HEADER
+from trtllm_worker.contract.queues import RETURNS_HEADER
 from trtllm_worker.contract.stream import error_fields, stream_key
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import DEAD_LETTERED, TERMINAL, JobTrace
@@ -256,16 +256,9 @@ class Settler:
         limit). The copy keeps the priority and carries the failed deliveries so far.
         Killed between the two, both copies run: the stream's lease and terminal entry
         make the second a no-op."""
-        headers = dict(message.headers or {})
+        headers = fold_delivery_count(dict(message.headers or {}))
         returns = headers.get(RETURNS_HEADER)
         headers[RETURNS_HEADER] = (returns if isinstance(returns, int) else 0) + 1
-        carried = headers.get(DELIVERIES_HEADER)
-        count = headers.pop("x-delivery-count", None)
-        failed = (carried if isinstance(carried, int) else 0) + (
-            count if isinstance(count, int) else 0
-        )
-        if failed:
-            headers[DELIVERIES_HEADER] = failed
         channel = self._channel()
         if channel is None:
             raise ConnectionError("no channel to put the job back on")

@@ -43,6 +43,7 @@ from trtllm_worker.client.errors import (
 )
 from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, parse_entry
 from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
+from trtllm_worker.client.migrate import Migration, Report, migrate_queue
 from trtllm_worker.client.tracecontext import trace_headers
 from trtllm_worker.config import Settings, redact_url
 from trtllm_worker.connect.amqp import connect, reason
@@ -422,6 +423,16 @@ class Client:
                 return [letter for _, letter in held]
         except aiormq.exceptions.AMQPError as exc:
             raise ServiceUnavailable(f"reading {self.dead_queue}: {reason(exc)}") from None
+
+    async def migrate_queue(
+        self, queue_type: str | None = None, report: Report | None = None
+    ) -> Migration:
+        """Declare the job queue again as the worker declares it (`queue_type`, default
+        the settings' WORKER_QUEUE_TYPE), keeping its jobs (`client.migrate`). Refuses
+        with `MigrationRefused` while workers consume the queue."""
+        kind = queue_type or (self._settings.queue_type if self._settings else "quorum")
+        connection = await self._amqp()
+        return await migrate_queue(connection, self.queue, kind, report or (lambda _: None))
 
     async def requeue_dead_letters(
         self, request_ids: Collection[str] | None = None

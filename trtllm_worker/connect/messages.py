@@ -9,7 +9,7 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
 from trtllm_worker.connect.shortstr import raw, undecodable
-from trtllm_worker.contract.queues import PUBLISHED_MS_HEADER
+from trtllm_worker.contract.queues import DELIVERIES_HEADER, PUBLISHED_MS_HEADER
 
 STRING_PROPERTIES: Final = (
     "content_type",
@@ -61,6 +61,19 @@ def decodable_table(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [decodable_table(item) for item in value]
     return value
+
+
+def fold_delivery_count(headers: dict[str, Any]) -> dict[str, Any]:
+    """Headers for a copy of a job published anew: the broker's `x-delivery-count` (failed
+    deliveries of the original; a quorum queue starts a new message from 0, a classic
+    queue would keep a stale one) is added to what `x-trtllm-deliveries` carried."""
+    folded = dict(headers)
+    count = folded.pop("x-delivery-count", None)
+    carried = folded.get(DELIVERIES_HEADER)
+    failed = (carried if isinstance(carried, int) else 0) + (count if isinstance(count, int) else 0)
+    if failed:
+        folded[DELIVERIES_HEADER] = failed
+    return folded
 
 
 def persistent_copy(message: AbstractIncomingMessage, headers: dict[str, Any]) -> aio_pika.Message:

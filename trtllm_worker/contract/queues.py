@@ -24,11 +24,21 @@ CANCEL_QUEUE_ID_HEX: Final = 12
 """Hex digits after the cancel exchange's name in a worker's cancel queue."""
 
 
+CONSUMER_TIMEOUT_MS: Final = 7 * 24 * 3600 * 1000
+"""The job queue's `x-consumer-timeout` (RabbitMQ 3.12 and later): a week. The broker's
+default (30 minutes, node-wide) would close the channel of a worker whose job runs longer
+and requeue its jobs; the worker bounds its jobs itself (engine stall detection, leases,
+deadlines). A `consumer-timeout` policy still lowers it: the broker takes the lower."""
+
+
 def job_queue_arguments(queue_type: str) -> dict[str, str | int]:
     """The job queue's arguments as the worker declares it: a classic queue orders
     priorities 0-9 only if declared with `x-max-priority`; a quorum queue takes no such
     argument (RabbitMQ 4.0 orders two levels, 0-4 below 5-9, on its own)."""
-    arguments: dict[str, str | int] = {"x-queue-type": queue_type}
+    arguments: dict[str, str | int] = {
+        "x-queue-type": queue_type,
+        "x-consumer-timeout": CONSUMER_TIMEOUT_MS,
+    }
     if queue_type == "classic":
         arguments["x-max-priority"] = MAX_PRIORITY
     return arguments
