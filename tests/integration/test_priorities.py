@@ -5,6 +5,7 @@ its stream whole, never counted as a delivery (the contract's Priorities section
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 
 import aio_pika
@@ -18,6 +19,8 @@ from tests.integration.conftest import (
     tokens,
     xread,
 )
+from tests.services import ServiceUrls
+from trtllm_worker.broker.consumer import broker_version as broker_version_of
 from trtllm_worker.engine.base import EngineRequest
 from trtllm_worker.pipeline.slots import Ticket
 
@@ -276,3 +279,54 @@ async def test_the_engine_gets_the_priority_over_nine(
         await producer.publish(job(absent, 2))
         await subscriber.read_until_terminal(absent)
     assert [r.priority for r in submitted] == [1.0, 0.0, 3 / 9, 0.0]
+
+
+async def broker_version(amqp_url: str) -> tuple[int, ...]:
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        version = broker_version_of(connection)
+    finally:
+        await connection.close()
+    assert version is not None
+    return version
+
+
+async def test_a_quorum_queue_on_a_broker_that_ignores_priorities_is_said_at_start(
+    run_worker: WorkerFactory, services: ServiceUrls, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RabbitMQ orders a quorum queue's priorities from 4.0 on; before, the worker says
+    at start that the broker ignores them (and says nothing on 4.0)."""
+    version = await broker_version(services.amqp)
+    with caplog.at_level(logging.WARNING, logger="trtllm_worker.broker.consumer"):
+        async with run_worker(queue_type="quorum"):
+            pass
+    said = [
+        r.getMessage() for r in caplog.records if "ignores message priorities" in r.getMessage()
+    ]
+    if version < (4, 0):
+        assert len(said) == 1
+        assert "jobs leave the queue in arrival order" in said[0]
+    else:
+        assert said == []
+
+
+async def test_a_quorum_queue_delivers_the_high_level_first_on_rabbitmq_4(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+) -> None:
+    """RabbitMQ 4.0's quorum queues serve priorities 5-9 before 0-4 (weighted 2:1, so a
+    normal job is not starved): jobs waiting in the queue start high ones first."""
+    if await broker_version(services.amqp) < (4, 0):
+        pytest.skip("quorum queues order priorities from RabbitMQ 4.0 on (test-servers runs it)")
+    first = rid("first")
+    async with run_worker(max_batch=1, echo_step_ms=5, queue_type="quorum", preempt_priority=10):
+        await producer.publish(job(first, 40), priority=0)
+        await subscriber.first_entry(first)
+        order = [(rid("n"), 0), (rid("n"), 2), (rid("n"), 4), (rid("h"), 5), (rid("h"), 9)]
+        for request_id, priority in order:
+            await producer.publish(job(request_id, 10), priority=priority)
+        ended = await end_order(subscriber, [r for r, _ in order])
+    ran = [p for _, p in sorted(order, key=lambda item: ended[item[0]])]
+    assert ran[0] >= 5, ran
+    high = [position for position, p in enumerate(ran) if p >= 5]
+    low = [position for position, p in enumerate(ran) if p < 5]
+    assert sum(high) / len(high) < sum(low) / len(low), ran

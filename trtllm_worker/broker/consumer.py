@@ -12,6 +12,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractConnection,
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
@@ -425,7 +426,7 @@ def queue_mismatch(settings: Settings, reply: str) -> str:
     )
 
 
-def broker_version(connection: AbstractRobustConnection) -> tuple[int, ...] | None:
+def broker_version(connection: AbstractConnection) -> tuple[int, ...] | None:
     """RabbitMQ's version from the connection's server properties, if it says."""
     underlay = getattr(connection.transport, "connection", None)
     version = (getattr(underlay, "server_properties", None) or {}).get("version")
