@@ -19,10 +19,10 @@ from tests.services import ServiceUrls
 from trtllm_worker.client import Client, Usage
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import connect_redis
-from trtllm_worker.contract.stream import error_fields
+from trtllm_worker.contract.stream import Fields, error_fields
 from trtllm_worker.streams.store import Ended, StreamStore
 from trtllm_worker.streams.usage import usage_key, utc_day
-from trtllm_worker.streams.wire import WriteBatch
+from trtllm_worker.streams.wire import Entry, WriteBatch
 
 
 def rid() -> str:
@@ -178,10 +178,10 @@ async def test_a_stream_ended_already_or_a_retried_end_counts_nothing(
         assert await store.end(key, fields, tenant="t") is Ended.STORED
         assert await store.end(key, fields, tenant="t") is Ended.ALREADY_ENDED
         other = prefix + rid()
-        done = {"event": "done", "finish_reason": "length", "generated_tokens": 1,
+        done: Fields = {"event": "done", "finish_reason": "length", "generated_tokens": 1,
                 "input_tokens": 4, "generated_text": "a"}  # fmt: skip
-        token = {"event": "token", "index": 0, "token_id": 97, "text": "a"}
-        entries = [(other, "0-1", token), (other, "0-2", done)]
+        token: Fields = {"event": "token", "index": 0, "token_id": 97, "text": "a"}
+        entries: list[Entry] = [(other, "0-1", token), (other, "0-2", done)]
         for _ in range(2):  # a batch sent again after a lost reply
             batch = WriteBatch.of_entries(entries, {}, usage=store.usage, tenants={other: "t"})
             assert await store.write(batch) == {}
