@@ -104,7 +104,8 @@ class UsageKeys:
     ) -> tuple[str, int, str, int]:
         """`write.lua`'s usage values of a terminal entry: key, TTL, tenant, input tokens
         (the script counts the generated tokens itself: the token entries before the
-        terminal one). The day is this worker's UTC day: the key must be named before the
-        call (a cluster routes by declared keys, and the batch's keys are computed here),
-        and a job ending at midnight may count on either day, nothing worse."""
+        terminal one). The day is this worker's UTC day, not the script's `TIME`: the whole
+        key, slot tag included, is named here where the slot table is, and the script
+        stays deterministic. Clocks apart by a little move a job ending at midnight to
+        the next day or the one before, nothing worse."""
         return (self.key(stream, utc_day()), self.ttl_s, tenant or NO_TENANT, input_tokens)
