@@ -74,6 +74,11 @@ class Settings(BaseSettings):
         description="this long after its terminal entry, a finished stream is trimmed to "
         "that entry, which holds `generated_text`, until the TTL; at most 10^15",
     )
+    usage_ttl_s: Annotated[int, Field(ge=1, le=REDIS_MAX_TTL_S)] = Field(
+        7_776_000,
+        description="how long a UTC day's per-tenant usage counters are kept after their "
+        "last write (default 90 days; `trtllm-worker usage` reads them); at most 10^15",
+    )
     engine: Literal["echo", "trtllm", "trtllm-executor"] = Field(
         "echo",
         description="`echo` (built in, CPU, no model), `trtllm` (TensorRT-LLM LLM API, "

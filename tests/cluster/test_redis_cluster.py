@@ -273,3 +273,46 @@ async def test_a_batch_is_one_call_per_node(
     finally:
         await client.delete(*keys, *(lease_key(k) for k in keys))
         await client.aclose()
+
+
+async def test_usage_is_counted_in_each_streams_slot_and_summed_over_every_master(
+    redis_cluster: LocalCluster,
+    cluster_client: RedisCluster,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    names: dict[str, str],
+) -> None:
+    """Each terminal entry counts into a usage key of its stream's own slot (a script may
+    touch one slot only); the SDK's reader sums the keys of every master."""
+    from trtllm_worker.streams.usage import usage_day
+
+    prefix = names["stream_prefix"]
+    jobs = {rid(): ("even" if n % 2 else None) for n in range(30)}
+    async with run_worker(redis_url=redis_cluster.url, echo_step_ms=1) as worker:
+        for request_id, tenant in jobs.items():
+            body: dict[str, Any] = {"request_id": request_id, "inputs": "abc"}
+            body["parameters"] = {"max_new_tokens": 4}
+            if tenant:
+                body["tenant"] = tenant
+            await producer.publish(body)
+        for request_id in jobs:
+            assert (await read_stream(cluster_client, prefix + request_id))[-1]["event"] == "done"
+        settings = worker.settings
+    keys = [
+        str(k)
+        async for k in cluster_client.scan_iter(
+            match=prefix + "_usage:*", target_nodes=RedisCluster.PRIMARIES
+        )
+    ]
+    slots = {key_slot((prefix + r).encode()) for r in jobs}
+    assert {key_slot(k.encode()) for k in keys} == slots
+    assert all(usage_day(prefix, k) for k in keys)
+    try:
+        async with Client(settings) as client:
+            usage = await client.usage()
+        assert [(u.tenant, u.jobs, u.input_tokens, u.generated_tokens) for u in usage] == [
+            ("-", 15, 45, 60),
+            ("even", 15, 45, 60),
+        ]
+    finally:
+        await cluster_client.delete(*keys)

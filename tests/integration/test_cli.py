@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import sys
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import date, timedelta
 from pathlib import Path
 from typing import cast
 
@@ -244,6 +246,32 @@ async def test_errors_are_one_line_and_an_exit_code(
     assert result.stderr_lines[0].startswith("trtllm-worker: ")
     assert mentions in result.stderr
     assert "s3cret-pw" not in result.stderr
+
+
+async def test_usage_prints_json_lines_per_tenant_and_day(
+    run_worker: WorkerFactory, cli: Cli, subscriber: Subscriber
+) -> None:
+    async with run_worker(max_batch=1):
+        for tenant in ("beta", "alpha", None):
+            extra = ["--tenant", tenant] if tenant else []
+            submitted = await cli.run("submit", "abc", "-p", "max_new_tokens=4", *extra)
+            assert submitted.code == 0, submitted.stderr
+            await subscriber.read_until_terminal(submitted.stdout.strip())
+    result = await cli.run("usage")
+    assert result.code == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    day = lines[0]["day"]
+    assert lines == [
+        {"tenant": t, "day": day, "jobs": 1, "input_tokens": 3, "generated_tokens": 4}
+        for t in ("-", "alpha", "beta")
+    ]  # sorted by day, then tenant
+    only = await cli.run("usage", "--tenant", "beta", "--since", day)
+    assert [json.loads(line)["tenant"] for line in only.stdout.splitlines()] == ["beta"]
+    later = (date.fromisoformat(day) + timedelta(days=1)).isoformat()
+    assert (await cli.run("usage", "--since", later)).stdout == ""
+    bad = await cli.run("usage", "--since", "tomorrow")
+    assert bad.code == 2
+    assert bad.stderr_lines == ["trtllm-worker: --since 'tomorrow': expected a day as YYYY-MM-DD"]
 
 
 async def test_usage_errors_exit_2(cli: Cli) -> None:

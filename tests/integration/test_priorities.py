@@ -253,7 +253,7 @@ async def test_a_full_worker_with_a_backlog_sees_an_interactive_job(
         assert_whole(results[request_id], 80)
 
 
-async def test_the_engine_gets_the_priority_over_nine(
+async def test_the_engine_gets_the_priority_over_nine_and_the_tenant_as_cache_salt(
     run_worker: WorkerFactory,
     producer: Producer,
     subscriber: Subscriber,
@@ -276,9 +276,11 @@ async def test_the_engine_gets_the_priority_over_nine(
             await producer.publish(job(request_id, 2), priority=priority)
             await subscriber.read_until_terminal(request_id)
         absent = rid("absent")  # no priority property: 0
-        await producer.publish(job(absent, 2))
+        await producer.publish({**job(absent, 2), "tenant": "acme"})
         await subscriber.read_until_terminal(absent)
     assert [r.priority for r in submitted] == [1.0, 0.0, 3 / 9, 0.0]
+    # the tenant is TensorRT-LLM's cache salt: tenants never share KV-cache blocks
+    assert [r.cache_salt for r in submitted] == [None, None, None, "acme"]
 
 
 async def broker_version(amqp_url: str) -> tuple[int, ...]:

@@ -196,11 +196,18 @@ async def test_grpc_export_and_a_job_without_trace_headers_starts_a_trace(
                 "request_id": request_id,
                 "messages": [{"role": "user", "content": "hi"}],
                 "parameters": {"max_new_tokens": 4},
-            }
+                "tenant": "acme",
+            },
+            priority=7,
         )
         assert terminal(await subscriber.read_until_terminal(request_id))["event"] == "done"
         (span,) = await collected.wait_for(of_request(request_id))
     assert span.parent_span_id == ""
+    # the job's priority and tenant are on its span (never a metric label: unbounded)
+    assert (span.attributes["trtllm_worker.priority"], span.attributes["trtllm_worker.tenant"]) == (
+        7,
+        "acme",
+    )
     assert len(span.trace_id) == 32
     assert span.trace_id != "0" * 32
     assert span.name == "chat echo"

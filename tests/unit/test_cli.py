@@ -15,6 +15,7 @@ from trtllm_worker.app.cli import (
     main,
     parse_metadata,
     parse_params,
+    parse_since,
     summary,
 )
 from trtllm_worker.client import DeadLetter, DoneEvent
@@ -121,6 +122,24 @@ def test_invalid_job_exits_2_before_connecting(capsys: pytest.CaptureFixture[str
     assert captured.err == (
         "trtllm-worker: invalid job: parameters.top_p: Input should be less than or equal to 1\n"
     )
+
+
+@pytest.mark.parametrize("since", ["2025-13-01", "yesterday", "20250102", "2025-W01-1", "2025-1-2"])
+def test_a_bad_since_exits_2_before_connecting(
+    since: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["usage", "--since", since]) == ExitCode.CONFIG
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"trtllm-worker: --since {since!r}: expected a day as YYYY-MM-DD\n")
+
+
+def test_since_is_a_day() -> None:
+    assert parse_since("2025-02-28") is not None
+    assert str(parse_since("2025-02-28")) == "2025-02-28"
+    assert parse_since(None) is None
+    with pytest.raises(UsageError):
+        parse_since("2025-02-29")
 
 
 def test_bad_setting_exits_2(

@@ -75,13 +75,23 @@ class FakeStore:
 
     def __init__(self, fail: BaseException | None = None, ended: Ended = Ended.STORED) -> None:
         self.ends: list[tuple[str, Fields]] = []
+        self.tenants: list[str | None] = []
         self._fail = fail
         self._ended = ended
 
-    async def end(self, key: str, fields: Fields, lease: str = "", seq_id: str = "") -> Ended:
+    async def end(
+        self,
+        key: str,
+        fields: Fields,
+        lease: str = "",
+        seq_id: str = "",
+        *,
+        tenant: str | None = None,
+    ) -> Ended:
         if self._fail is not None:
             raise self._fail
         self.ends.append((key, fields))
+        self.tenants.append(tenant)
         return self._ended
 
     async def count_delivery(self, key: str) -> int:
@@ -252,6 +262,24 @@ async def test_handler_dead_letters_an_invalid_job(settings: Settings) -> None:
     assert message.calls == ["ack"]
     assert store.ends[0][0] == "p:r2"
     assert store.ends[0][1]["code"] == "invalid_request"
+
+
+async def test_an_invalid_jobs_error_entry_counts_under_its_readable_tenant(
+    settings: Settings,
+) -> None:
+    async def run_job(
+        job: Job, received_at: float, trace: object, admit: object, priority: int
+    ) -> JobResult:
+        raise AssertionError("an invalid job never runs")
+
+    store = FakeStore()
+    for body in (
+        b'{"request_id": "r4", "inputs": "x", "tenant": "acme", "colour": 1}',
+        b'{"request_id": "r5", "inputs": "x", "tenant": "no spaces"}',
+    ):
+        await consumer(settings, store, run_job)._handle(incoming(FakeMessage(body)))
+    assert store.tenants == ["acme", None]  # a malformed tenant counts as `-`
+    assert "tenant" in str(store.ends[1][1]["message"])
 
 
 async def test_a_cancelled_handler_hands_its_message_back(settings: Settings) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("--request-id", help="default: a fresh random id")
     submit.add_argument("--metadata", metavar="JSON", help="a JSON object echoed in `done`")
+    submit.add_argument("--tenant", help="whom the job is for: its usage is counted under it")
     submit.add_argument(
         "--deadline", metavar="RFC3339", help="do not start the job after this time"
     )
@@ -136,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the broker, Redis, the queues, the tokenizer and the engine settings; "
         "one line each, non-zero exit on a problem",
     )
+    usage = commands.add_parser(
+        "usage",
+        help="print jobs, input tokens and generated tokens per tenant and UTC day, as "
+        'JSON lines {"tenant", "day", "jobs", "input_tokens", "generated_tokens"} sorted '
+        "by day then tenant (jobs without a tenant: -)",
+    )
+    usage.add_argument("--tenant", metavar="T", help="only this tenant")
+    usage.add_argument("--since", metavar="YYYY-MM-DD", help="only from this UTC day on")
     acl = commands.add_parser(
         "acl",
         help="print the Redis ACL rules and RabbitMQ permissions each role needs for these "
@@ -285,6 +295,8 @@ def submit_options(args: argparse.Namespace) -> JobOptions:
         options["request_id"] = args.request_id
     if args.deadline is not None:
         options["deadline"] = args.deadline
+    if args.tenant is not None:
+        options["tenant"] = args.tenant
     metadata = parse_metadata(args.metadata)
     if metadata is not None:
         options["metadata"] = metadata
@@ -362,6 +374,8 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
             return await _dead_letters(client, args.requeue, args.request_ids)
         if args.command == "migrate-queue":
             return await _migrate_queue(client)
+        if args.command == "usage":
+            return await _usage(client, args.tenant, parse_since(args.since))
     raise UsageError(f"unknown command {args.command!r}")
 
 
@@ -479,3 +493,22 @@ async def _dead_letters(client: Client, requeue: bool, request_ids: list[str] | 
     for request_id in missing:
         _error(f"no dead letter of request {request_id} in {client.dead_queue!r}")
     return ExitCode.FAILED if missing else ExitCode.OK
+
+
+def parse_since(raw: str | None) -> date | None:
+    """`--since`: a UTC day, `YYYY-MM-DD` (a usage error otherwise)."""
+    if raw is None:
+        return None
+    try:
+        if not raw.isascii() or len(raw) != 10 or raw[4] != "-" or raw[7] != "-":
+            raise ValueError  # fromisoformat also takes 20250102 and week dates
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise UsageError(f"--since {raw!r}: expected a day as YYYY-MM-DD") from None
+
+
+async def _usage(client: Client, tenant: str | None, since: date | None) -> int:
+    """One JSON line per tenant and day."""
+    for usage in await client.usage(tenant, since):
+        print(json.dumps(usage.as_dict()), flush=True)
+    return ExitCode.OK

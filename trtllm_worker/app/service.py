@@ -142,6 +142,8 @@ class Service:
             lease_ttl_s=settings.lease_ttl_s,
             min_replicas=settings.redis_min_replicas,
             compact_after_s=settings.stream_compact_after_s,
+            prefix=settings.stream_prefix,
+            usage_ttl_s=settings.usage_ttl_s,
         )
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))

@@ -17,6 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Collection, Mapping
 from collections.abc import Sequence as Seq
+from datetime import date
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar, Unpack, cast
 
@@ -45,6 +46,7 @@ from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, parse_entr
 from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
 from trtllm_worker.client.migrate import Migration, Report, migrate_queue
 from trtllm_worker.client.tracecontext import trace_headers
+from trtllm_worker.client.usage import Usage, read_usage
 from trtllm_worker.config import Settings, redact_url
 from trtllm_worker.connect.amqp import connect, reason
 from trtllm_worker.connect.messages import persistent_copy
@@ -414,6 +416,12 @@ class Client:
                     await message.nack(requeue=True)
             if not channel.is_closed:
                 await channel.close()
+
+    async def usage(self, tenant: str | None = None, since: date | None = None) -> list[Usage]:
+        """Jobs, input tokens and generated tokens per tenant and UTC day, as the workers
+        of this deployment (its stream prefix) counted them with each terminal entry,
+        sorted by day then tenant; only `tenant`'s, only from `since` on, when given."""
+        return await read_usage(await self._redis(), self.stream_prefix, tenant=tenant, since=since)
 
     async def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
         """The messages of `<queue>.dead` with their reasons, oldest first. They stay in

@@ -31,6 +31,8 @@ class JobOptions(TypedDict, total=False):
     """With `messages`: extra template variables (e.g. `enable_thinking`)."""
     request_id: str
     deadline: datetime | str
+    tenant: str
+    """Whom the job is for: its usage is counted under it."""
     metadata: Mapping[str, Any]
 
 
@@ -61,6 +63,8 @@ def job_body(
     deadline = options.get("deadline")
     if deadline is not None:
         body["deadline"] = deadline.isoformat() if isinstance(deadline, datetime) else deadline
+    if "tenant" in options:
+        body["tenant"] = options["tenant"]
     if "metadata" in options:
         body["metadata"] = dict(options["metadata"])
     return body

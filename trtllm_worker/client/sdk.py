@@ -9,7 +9,8 @@
 - `cancel`: the cancel broadcast
 - `async_client`: `Client`, which owns the connections
 - `sync_client`: `SyncClient`
-- `admin`: `DeadLetter` (what a dead letter says)"""
+- `admin`: `DeadLetter` (what a dead letter says)
+- `usage`: `Usage` (one tenant's usage on one day)"""
 
 from trtllm_worker.client.admin import DeadLetter
 from trtllm_worker.client.async_client import (
@@ -30,6 +31,7 @@ from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, TokenEvent
 from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
 from trtllm_worker.client.sync_client import SyncClient
 from trtllm_worker.client.tracecontext import TRACEPARENT, trace_headers
+from trtllm_worker.client.usage import Usage
 
 __all__ = [
     "DEFAULT_CLIENT_NAME",
@@ -50,6 +52,7 @@ __all__ = [
     "StreamFormatError",
     "SyncClient",
     "TokenEvent",
+    "Usage",
     "job_body",
     "parse_entry",
     "trace_headers",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Collection, Coroutine, Iterator, Mapping
 from collections.abc import Sequence as Seq
+from datetime import date
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -14,6 +15,7 @@ from trtllm_worker.client.admin import DeadLetter
 from trtllm_worker.client.async_client import Client, ClientOptions
 from trtllm_worker.client.events import DoneEvent, Event
 from trtllm_worker.client.jobs import JobOptions
+from trtllm_worker.client.usage import Usage
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.job import Parameters
 
@@ -92,6 +94,10 @@ class SyncClient:
     def cancel(self, request_id: str) -> None:
         """`Client.cancel`."""
         self._run(lambda client: client.cancel(request_id))
+
+    def usage(self, tenant: str | None = None, since: date | None = None) -> list[Usage]:
+        """`Client.usage`."""
+        return self._run(lambda client: client.usage(tenant, since))
 
     def dead_letters(self, limit: int | None = None) -> list[DeadLetter]:
         """`Client.dead_letters`."""

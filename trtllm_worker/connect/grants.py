@@ -53,6 +53,7 @@ WORKER_COMMANDS = (
     "+del",
     "+expire",
     "+pexpire",
+    "+hincrby",  # per-tenant usage, counted with a terminal entry
     # outside scripts: reading a stream to resume it, counting deliveries (classic
     # queues), storing a cancel mark, waiting for replicas (WORKER_REDIS_MIN_REPLICAS)
     "+incrby",  # redis-py's INCR
@@ -67,6 +68,8 @@ ADMIN_COMMANDS = (
     "+eval",  # requeue: the reset script
     "+type",
     "+del",
+    "+scan",  # usage: the day's counter keys
+    "+hgetall",
 )
 
 

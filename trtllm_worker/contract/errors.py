@@ -46,10 +46,15 @@ class WorkerError(Exception):
     writes_error_entry: ClassVar[bool] = False
     """Whether the stream gets an `error` entry with `code` and the message."""
 
-    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, request_id: str | None = None, tenant: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        self.tenant = tenant
+        """The job's tenant where it is known: an `error` entry counts the job's usage
+        under it (None: tenant `-`)."""
         self.lease = ""
         """The request's lease token when the job held it as it failed: its error entry
         is then written through that fence (which releases it); '' for a job that took

@@ -22,6 +22,9 @@ MAX_STOP_TOKEN_IDS = 16
 MAX_MESSAGES = 256
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+"""The characters of a request id, at most 64 of them."""
+_TENANT_RE = re.compile(TENANT_PATTERN)
 _RFC3339_RE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -116,6 +119,8 @@ class Job(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     parameters: Parameters = Parameters()
     deadline: datetime | None = None
+    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)] | None = None
+    """Whom the job is for: its usage is counted under it (absent: `-`)."""
     metadata: dict[str, Any] | None = None
 
     @field_validator("deadline", mode="before")
@@ -168,6 +173,13 @@ def valid_request_id(value: object) -> str | None:
     return None
 
 
+def valid_tenant(value: object) -> str | None:
+    """The value if it is a well-formed tenant, else None (never raises)."""
+    if isinstance(value, str) and _TENANT_RE.fullmatch(value):
+        return value
+    return None
+
+
 def parse_job(
     body: bytes,
     *,
@@ -202,8 +214,14 @@ def parse_job(
     try:
         job = Job.model_validate({**data, "request_id": request_id})
     except ValidationError as exc:
-        raise InvalidJob(describe(exc), request_id=readable) from None
-    _check_limits(job, limits)
+        # an invalid job's error entry still counts, under its tenant when readable
+        tenant = valid_tenant(data.get("tenant"))
+        raise InvalidJob(describe(exc), request_id=readable, tenant=tenant) from None
+    try:
+        _check_limits(job, limits)
+    except InvalidJob as exc:
+        exc.tenant = job.tenant
+        raise
     return job
 
 

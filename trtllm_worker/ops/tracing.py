@@ -136,6 +136,8 @@ def describe_job(trace: JobTrace, job: Job, model: str) -> None:
     attributes["gen_ai.operation.name"] = operation
     attributes["gen_ai.request.model"] = model
     attributes["trtllm_worker.request_id"] = job.request_id
+    if job.tenant is not None:
+        attributes["trtllm_worker.tenant"] = job.tenant
     params = job.parameters
     if params.temperature is not None:
         attributes["gen_ai.request.temperature"] = params.temperature

@@ -17,6 +17,7 @@ from trtllm_worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
 from trtllm_worker.contract.stream import Fields, FinishReason, entry_id, error_fields, lease_key
 from trtllm_worker.engine.base import EngineOutput
 from trtllm_worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
+from trtllm_worker.streams.usage import UsageKeys
 from trtllm_worker.streams.wire import Entry, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class RequestState:
         "script_keys",
         "slot",
         "stop_token_ids",
+        "tenant",
         "texts",
     )
 
@@ -81,8 +83,11 @@ class RequestState:
         return_logprobs: bool = False,
         metadata_json: str | None = None,
         lease: str = "",
+        tenant: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.tenant = tenant
+        """Whom the job is for: its terminal entry counts its usage under it."""
         self.key = key
         self.script_keys = (key, lease_key(key))
         self.slot = key_slot(key.encode())
@@ -207,7 +212,9 @@ class OutputProcessor:
     is being written: it is still in hand (a hand-back reaches it), no longer in the
     engine."""
 
-    def __init__(self, *, cluster: bool = False) -> None:
+    def __init__(self, *, cluster: bool = False, usage: UsageKeys | None = None) -> None:
+        self._usage = usage
+        """Where terminal entries count their job's usage (None: not counted)."""
         self._in_hand: dict[str, RequestState] = {}
         """Every registered request, by request id."""
         self._states: dict[int, RequestState] = {}
@@ -255,7 +262,7 @@ class OutputProcessor:
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
         """Turn outputs into writes. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""
-        batch = ProcessedBatch(WriteBatch(cluster=self._cluster))
+        batch = ProcessedBatch(WriteBatch(cluster=self._cluster, usage=self._usage))
         write = batch.write
         states = self._states
         for output in outputs:
@@ -339,5 +346,8 @@ class OutputProcessor:
         if args is None:
             seq = state.next_index + 1
             args = batch.write.begin(state.script_keys, state.slot, state.lease, seq)
-        batch.write.end(args, entry_id(state.next_index + 1), fields)
+        # an engine error counts the prompt too: the engine had it
+        batch.write.end(
+            args, entry_id(state.next_index + 1), fields, state.tenant, state.input_tokens
+        )
         batch.finished.append((state, Terminal(fields, state.next_index)))

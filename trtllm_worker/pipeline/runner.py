@@ -164,6 +164,7 @@ class JobRunner:
         except WorkerError as exc:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
+            exc.tenant = job.tenant  # and counts the job under it
             raise
         finally:
             leases = {key: token} if self._leases.forget(key, token) else {}
@@ -284,6 +285,7 @@ class JobRunner:
             return_logprobs=params.return_logprobs,
             metadata_json=None if job.metadata is None else metadata_json(job.metadata),
             lease=self._leases.token(key),
+            tenant=job.tenant,
         )
 
     def _resume(
@@ -323,7 +325,11 @@ class JobRunner:
         lease = self._leases.token(state.key)
         ended = await self._redis(
             lambda: self._store.end(
-                state.key, terminal.fields, lease, entry_id(state.next_index + 1)
+                state.key,
+                terminal.fields,
+                lease,
+                entry_id(state.next_index + 1),
+                tenant=state.tenant,
             )
         )
         if ended is Ended.NOT_OURS:
@@ -371,6 +377,7 @@ class JobRunner:
             resumed_tokens=resumed,
             deadline=None if job.deadline is None else job.deadline.timestamp(),
             priority=priority / MAX_PRIORITY,
+            cache_salt=job.tenant,
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)

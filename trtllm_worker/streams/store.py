@@ -9,7 +9,8 @@ SDK's cancel call.
   lost a job can no longer write to its stream, and none overwrites a stream another
   worker owns.
 - One function ends a stream, `end_stream` in `lua/write.lua`: the terminal entry, the
-  TTL and the lease release happen together or not at all.
+  TTL, the lease release and the job's usage count (`usage.py`) happen together or not
+  at all.
 - One script call per batch of engine outputs for all its streams (a call per stream
   cost Redis more than the appends), in the wire form of `wire.WriteBatch`. How calls
   reach Redis (one node, or a cluster's nodes and slots) is a `topology.Topology`,
@@ -43,6 +44,7 @@ from trtllm_worker.streams.refusals import acl_refused, refused_for_good
 from trtllm_worker.streams.scripts import ENTRIES_LOST, LEASE_LOST, lua
 from trtllm_worker.streams.single import SingleNode
 from trtllm_worker.streams.topology import Topology
+from trtllm_worker.streams.usage import UsageKeys
 from trtllm_worker.streams.wire import AFTER_TAIL, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,8 @@ class StreamStore:
         lease_ttl_s: float = 10.0,
         min_replicas: int = 0,
         compact_after_s: float | None = None,
+        prefix: str | None = None,
+        usage_ttl_s: int = 7_776_000,
     ) -> None:
         self.client = client
         self.compact_after_s = compact_after_s
@@ -118,6 +122,11 @@ class StreamStore:
         self.cluster = self._nodes.cluster
         """On Redis Cluster one script may only touch keys of one hash slot: a batch is
         split per slot (a request's keys share its stream's slot)."""
+        self.usage = (
+            None if prefix is None else UsageKeys(prefix, usage_ttl_s, cluster=self.cluster)
+        )
+        """Where terminal entries count their job's usage: under the deployment's stream
+        `prefix` (None, a store built without one: not counted)."""
         self.min_replicas = min_replicas
         """A batch that ends streams waits (Redis WAIT, on the connection that wrote it)
         until that many replicas hold it; fewer raise `NotReplicated`."""
@@ -240,15 +249,24 @@ class StreamStore:
         return refused
 
     async def end(
-        self, key: str, fields: Fields, lease: str = "", seq_id: str = AFTER_TAIL
+        self,
+        key: str,
+        fields: Fields,
+        lease: str = "",
+        seq_id: str = AFTER_TAIL,
+        *,
+        tenant: str | None = None,
     ) -> Ended:
         """End one stream with `fields` (a `done` or `error` entry) through the same fenced
         path as a batch: with `lease` its holder's token, or '' for a job that took none
         (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
-        appends after whatever the stream holds, unless it has ended already. Raises
+        appends after whatever the stream holds, unless it has ended already. When it is
+        stored, the job counts under `tenant` (None: `-`), with the input tokens `fields`
+        give (an error entry gives none: the job never reached the engine). Raises
         `StreamUnusable` when the key is not a stream."""
-        batch = WriteBatch()
-        batch.end(batch.begin((key, lease_key(key)), 0, lease, 1), seq_id, fields)
+        batch = WriteBatch(usage=self.usage)
+        args = batch.begin((key, lease_key(key)), 0, lease, 1)
+        batch.end(args, seq_id, fields, tenant, int(fields.get("input_tokens", 0)))
         keys, values = batch.calls[0]
         result = (await self._nodes.write_one(keys, values))[0]
         if isinstance(result, bytes):

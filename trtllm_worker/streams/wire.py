@@ -14,6 +14,7 @@ import msgpack
 from redis.crc import key_slot
 
 from trtllm_worker.contract.stream import TOKEN, Fields, entry_id, lease_key
+from trtllm_worker.streams.usage import NOT_COUNTED, UsageKeys
 
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
@@ -35,10 +36,12 @@ class WriteBatch:
     names). Grouped per hash slot (one group on a single node): a call may declare keys
     of one slot only, and the store sends a cluster's groups one call per node."""
 
-    __slots__ = ("_cluster", "_code_at", "_key", "calls", "ended")
+    __slots__ = ("_cluster", "_code_at", "_key", "_usage", "calls", "ended")
 
-    def __init__(self, *, cluster: bool = False) -> None:
+    def __init__(self, *, cluster: bool = False, usage: UsageKeys | None = None) -> None:
         self._cluster = cluster
+        self._usage = usage
+        """Where terminal entries count their job's usage (None: not counted)."""
         self.calls: dict[int, tuple[list[Any], list[Any]]] = {}
         """Per hash slot (0 on a single node): the call's KEYS and its parts' values
         (`StreamStore.write` sends them as one MessagePack array after the TTL)."""
@@ -91,11 +94,23 @@ class WriteBatch:
             args += logprobs
             args[self._code_at] = len(token_ids) * 4 + 2
 
-    def end(self, args: list[Any], seq_id: str, fields: Fields) -> None:
-        """The open part's terminal entry (`seq_id` AFTER_TAIL: after the stream's tail)."""
+    def end(
+        self,
+        args: list[Any],
+        seq_id: str,
+        fields: Fields,
+        tenant: str | None = None,
+        input_tokens: int = 0,
+    ) -> None:
+        """The open part's terminal entry (`seq_id` AFTER_TAIL: after the stream's tail),
+        which counts the job's usage under `tenant` when it is stored."""
         args[self._code_at] += 1
         self.ended.append(self._key)
         args += (seq_id, len(fields), *chain.from_iterable(fields.items()))
+        if self._usage is None:
+            args += NOT_COUNTED
+        else:
+            args += self._usage.values(self._key, tenant, input_tokens)
 
     def per_stream(self) -> list[tuple[str, WriteBatch]]:
         """The batch as one batch per stream (its parts in order), to write the streams
@@ -108,10 +123,10 @@ class WriteBatch:
                 count = code // 4
                 end = a + 3 + (3 if code & 2 else 2) * count
                 if code & 1:
-                    end += 2 + 2 * int(args[end + 1])
+                    end += 2 + 2 * int(args[end + 1]) + len(NOT_COUNTED)
                 one = streams.get(keys[k])
                 if one is None:
-                    one = streams[keys[k]] = WriteBatch(cluster=self._cluster)
+                    one = streams[keys[k]] = WriteBatch(cluster=self._cluster, usage=self._usage)
                 call = one.calls.setdefault(slot, ([], []))
                 call[0].extend(keys[k : k + 2])
                 call[1].extend(args[a:end])
@@ -145,16 +160,24 @@ class WriteBatch:
                     seq_id, nfields = args[a], int(args[a + 1])
                     flat = args[a + 2 : a + 2 + 2 * nfields]
                     stored.append((key, seq_id, dict(zip(flat[::2], flat[1::2], strict=True))))
-                    a += 2 + 2 * nfields
+                    a += 2 + 2 * nfields + len(NOT_COUNTED)
         return stored
 
     @classmethod
     def of_entries(
-        cls, entries: Sequence[Entry], leases: Mapping[str, str], *, cluster: bool = False
+        cls,
+        entries: Sequence[Entry],
+        leases: Mapping[str, str],
+        *,
+        cluster: bool = False,
+        usage: UsageKeys | None = None,
+        tenants: Mapping[str, str] | None = None,
     ) -> WriteBatch:
         """A batch of whole entries (in order; token entries of a stream with contiguous
-        ids), for callers that hold entries rather than an engine's columns."""
-        batch = cls(cluster=cluster)
+        ids), for callers that hold entries rather than an engine's columns. A terminal
+        entry counts under the stream's tenant in `tenants` (absent: `-`) and the
+        `input_tokens` its fields give."""
+        batch = cls(cluster=cluster, usage=usage)
         open_part: tuple[str, list[Any], int] | None = None  # key, args, next seq
         pending: list[tuple[int, str, float | str]] = []
 
@@ -183,7 +206,8 @@ class WriteBatch:
                 open_part = (key, open_part[1], seq + 1)
             else:
                 flush()
-                batch.end(open_part[1], seq_id, fields)
+                tenant = None if tenants is None else tenants.get(key)
+                batch.end(open_part[1], seq_id, fields, tenant, int(fields.get("input_tokens", 0)))
                 open_part = None
         flush()
         return batch
