@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from tests.integration.test_faults import (
     wait_for_entries,
     wait_until,
 )
+from trtllm_worker.client import Client
+from trtllm_worker.config import Settings
 from trtllm_worker.pipeline.output import RequestState
 from trtllm_worker.pipeline.runner import JobResult
 
@@ -41,6 +44,7 @@ def job(request_id: str, prompt: str, n: int) -> dict[str, Any]:
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_connection_lost_between_the_copy_and_the_ack(
     run_worker: WorkerFactory,
+    make_settings: Callable[..., Settings],
     producer: Producer,
     subscriber: Subscriber,
     monkeypatch: pytest.MonkeyPatch,
@@ -76,7 +80,7 @@ async def test_connection_lost_between_the_copy_and_the_ack(
             log_result(result, received_at)
 
         monkeypatch.setattr(consumer, "_log_result", log_and_say)
-        await producer.publish(job(batch, "paused twice? ", 120), priority=0)
+        await producer.publish({**job(batch, "paused twice? ", 120), "tenant": "t1"}, priority=0)
         await wait_for_entries(subscriber, batch, 10)
         await producer.publish(job(urgent, "now ", 5), priority=9)
         results = await subscriber.read_many([batch, urgent], wait_s=60)
@@ -86,6 +90,9 @@ async def test_connection_lost_between_the_copy_and_the_ack(
     assert service.metrics.paused._value.get() >= 1
     assert_exact(results[batch], "paused twice? ", 120)
     assert_exact(results[urgent], "now ", 5)
+    async with Client(make_settings()) as client:  # both copies ran: counted once
+        (usage,) = await client.usage(tenant="t1")
+    assert (usage.jobs, usage.generated_tokens) == (1, 120)
 
 
 async def test_worker_killed_while_pausing_jobs_another_finishes_them(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 
 import aio_pika
 import pytest
@@ -21,6 +22,8 @@ from tests.integration.conftest import (
 )
 from tests.services import ServiceUrls
 from trtllm_worker.broker.consumer import broker_version as broker_version_of
+from trtllm_worker.client import Client
+from trtllm_worker.config import Settings
 from trtllm_worker.engine.base import EngineRequest
 from trtllm_worker.pipeline.slots import Ticket
 
@@ -31,12 +34,17 @@ def rid(tag: str) -> str:
     return f"pr-{tag}-{uuid.uuid4().hex[:8]}"
 
 
-def job(request_id: str, max_new_tokens: int, inputs: str = "abcdefg") -> dict[str, object]:
-    return {
+def job(
+    request_id: str, max_new_tokens: int, inputs: str = "abcdefg", tenant: str | None = None
+) -> dict[str, object]:
+    body: dict[str, object] = {
         "request_id": request_id,
         "inputs": inputs,
         "parameters": {"max_new_tokens": max_new_tokens},
     }
+    if tenant is not None:
+        body["tenant"] = tenant
+    return body
 
 
 def assert_whole(entries: list[dict[str, str]], count: int, inputs: str = "abcdefg") -> None:
@@ -72,7 +80,11 @@ async def has_terminal(subscriber: Subscriber, request_id: str) -> bool:
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncounted(
-    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, queue_type: str
+    run_worker: WorkerFactory,
+    make_settings: Callable[..., Settings],
+    producer: Producer,
+    subscriber: Subscriber,
+    queue_type: str,
 ) -> None:
     """Two slots busy with batch jobs; three interactive jobs arrive one after another.
     Each pauses a batch job at once (its first token comes while both batch jobs are
@@ -83,12 +95,12 @@ async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncoun
         max_batch=2, echo_step_ms=20, queue_type=queue_type, delivery_limit=1
     ) as service:
         for request_id in batch:
-            await producer.publish(job(request_id, LONG), priority=0)
+            await producer.publish(job(request_id, LONG, tenant="bulk"), priority=0)
         for request_id in batch:
             await subscriber.first_entry(request_id)
         for _ in range(3):
             urgent = rid("urgent")
-            await producer.publish(job(urgent, 5), priority=9)
+            await producer.publish(job(urgent, 5, tenant="chat"), priority=9)
             await subscriber.first_entry(urgent)
             # it started while both batch jobs still ran: one of them made room
             assert not [b for b in batch if await has_terminal(subscriber, b)]
@@ -98,6 +110,12 @@ async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncoun
     assert paused == 3
     for request_id in batch:
         assert_whole(results[request_id], LONG)
+    # each job counted once for its tenant, paused ones included, every token once
+    async with Client(make_settings()) as client:
+        usage = {
+            u.tenant: (u.jobs, u.input_tokens, u.generated_tokens) for u in await client.usage()
+        }
+    assert usage == {"bulk": (2, 2 * 7, 2 * LONG), "chat": (3, 3 * 7, 3 * 5)}
 
 
 async def test_no_pause_for_a_job_below_the_preempt_priority(
