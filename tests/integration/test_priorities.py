@@ -350,3 +350,23 @@ async def test_a_quorum_queue_delivers_the_high_level_first_on_rabbitmq_4(
     high = [position for position, p in enumerate(ran) if p >= 5]
     low = [position for position, p in enumerate(ran) if p < 5]
     assert sum(high) / len(high) < sum(low) / len(low), ran
+
+
+async def test_the_sdk_submits_with_a_priority(
+    run_worker: WorkerFactory,
+    make_settings: Callable[..., Settings],
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    batch = rid("batch")
+    async with run_worker(max_batch=1, echo_step_ms=20, queue_type="classic") as service:
+        await producer.publish(job(batch, LONG), priority=0)
+        await subscriber.first_entry(batch)
+        async with Client(make_settings()) as client:
+            with pytest.raises(ValueError, match="priority must be 0 to 9"):
+                await client.submit("x", priority=10)
+            urgent = await client.submit("hi", {"max_new_tokens": 2}, priority=9)
+            done = await asyncio.wait_for(client.result(urgent), 30)
+        assert done.generated_text == "hi"
+        assert not await has_terminal(subscriber, batch)
+        assert service.metrics.paused._value.get() == 1

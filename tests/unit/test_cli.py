@@ -188,3 +188,13 @@ def test_start_up_errors_carry_their_exit_code() -> None:
     assert EngineStartTimeout("x").exit_code == ExitCode.UNAVAILABLE
     assert not issubclass(EngineStartTimeout, ConnectionError)
     assert issubclass(ConfigError, StartupError)
+
+
+@pytest.mark.parametrize("priority", ["10", "-1", "high"])
+def test_a_priority_outside_0_to_9_exits_2(
+    priority: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["submit", "hi", "--priority", priority])
+    assert exited.value.code == 2
+    assert "--priority" in capsys.readouterr().err

@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--metadata", metavar="JSON", help="a JSON object echoed in `done`")
     submit.add_argument("--tenant", help="whom the job is for: its usage is counted under it")
     submit.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        metavar="0-9",
+        help="the message's AMQP priority: 5 or more (WORKER_PREEMPT_PRIORITY) pauses batch "
+        "work for it",
+    )
+    submit.add_argument(
         "--deadline", metavar="RFC3339", help="do not start the job after this time"
     )
     submit.add_argument(
@@ -384,7 +392,11 @@ async def _submit(client: Client, args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     started = time.monotonic()
     request_id = await client.submit(
-        prompt, submit_parameters(args), trace_context=trace_context(os.environ), **options
+        prompt,
+        submit_parameters(args),
+        trace_context=trace_context(os.environ),
+        priority=args.priority,
+        **options,
     )
     if not args.follow:
         print(request_id, flush=True)

@@ -57,6 +57,7 @@ from trtllm_worker.contract.job import (
     Parameters,
     valid_request_id,
 )
+from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.contract.queues import (
     PUBLISHED_MS_HEADER,
     cancel_exchange_name,
@@ -262,6 +263,7 @@ class Client:
         parameters: Mapping[str, Any] | Parameters | None = None,
         *,
         trace_context: Mapping[str, str] | None = None,
+        priority: int | None = None,
         **options: Unpack[JobOptions],
     ) -> str:
         """Validate the job as the worker will (`InvalidJobError`, nothing published),
@@ -270,7 +272,12 @@ class Client:
         `messages` (a conversation) instead. The other fields: `JobOptions`.
 
         The job's trace continues the current OpenTelemetry span, or `trace_context`
-        (W3C `traceparent` and `tracestate` headers; `ValueError` if malformed)."""
+        (W3C `traceparent` and `tracestate` headers; `ValueError` if malformed).
+        `priority` (0-9, the message's AMQP priority; `ValueError` outside): at least
+        the workers' `WORKER_PREEMPT_PRIORITY` (5) makes it interactive, pausing batch
+        work for it."""
+        if priority is not None and not 0 <= priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be 0 to {MAX_PRIORITY}, not {priority}")
         headers = trace_headers(trace_context)
         body = job_body(inputs, parameters, **options)
         encoded = validate_job(body, self.limits)
@@ -284,6 +291,7 @@ class Client:
             message_id=request_id,
             timestamp=now,
             headers=headers,
+            priority=priority,
         )
         channel = await self._publisher()
         await self._confirmed(

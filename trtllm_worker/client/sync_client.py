@@ -71,11 +71,14 @@ class SyncClient:
         parameters: Mapping[str, Any] | Parameters | None = None,
         *,
         trace_context: Mapping[str, str] | None = None,
+        priority: int | None = None,
         **options: Unpack[JobOptions],
     ) -> str:
         """`Client.submit`."""
         return self._run(
-            lambda client: client.submit(inputs, parameters, trace_context=trace_context, **options)
+            lambda client: client.submit(
+                inputs, parameters, trace_context=trace_context, priority=priority, **options
+            )
         )
 
     def generate(
