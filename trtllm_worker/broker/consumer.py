@@ -312,7 +312,7 @@ class Consumer:
             return
         error = outcome.error
         attributes = trace.attributes
-        if error is not None:
+        if error is not None and action is not Action.RETURN:  # a pause is no error
             attributes["error.type"] = error.code
         if action in (Action.REQUEUE, Action.RETRY, Action.RETURN):
             trace.event(HANDED_BACK, attributes={"trtllm_worker.action": action.value})
