@@ -61,14 +61,17 @@ async def test_probes_and_metrics(
     assert float(samples['worker_jobs_total{outcome="done:length"}']) == 3
     assert float(samples['worker_jobs_total{outcome="dead_lettered"}']) == 1
     assert float(samples["worker_generated_tokens_total"]) == 12
-    assert float(samples["worker_time_to_first_token_seconds_count"]) == 3
+    # by priority class: the jobs were published without a priority (normal)
+    normal = '{priority_class="normal"}'
+    assert float(samples[f"worker_time_to_first_token_seconds_count{normal}"]) == 3
     assert float(samples["worker_in_flight_requests"]) == 0
     assert float(samples["worker_capacity_requests"]) == 64
     # engine statistics, sampled by the engine thread
     assert float(samples["worker_engine_active_requests"]) >= 0
     assert float(samples["worker_engine_queued_requests"]) >= 0
     assert "worker_engine_step_seconds" in samples
-    assert float(samples["worker_queue_wait_seconds_count"]) == 3
+    assert float(samples[f"worker_queue_wait_seconds_count{normal}"]) == 3
+    assert 'worker_queue_wait_seconds_count{priority_class="interactive"}' not in samples
     assert float(samples["worker_job_duration_seconds_count"]) == 3
     assert float(samples["worker_input_tokens_total"]) == 9
     assert float(samples["worker_inter_token_latency_seconds_count"]) >= 1
