@@ -350,7 +350,9 @@ class Consumer:
             assert error is not None
             if error.request_id:
                 request_id_var.set(error.request_id)
-            if isinstance(exc, WorkerError):
+            if outcome.action is Action.RETURN:  # no error: made room for a job
+                log.info("%s: %s", _VERB[outcome.action], error.message)
+            elif isinstance(exc, WorkerError):
                 log.info("%s: %s: %s", _VERB[outcome.action], error.code, error.message)
             elif isinstance(exc, REDIS_FAILURES):
                 log.warning("Redis failed (%s); the job goes back to the queue", exc)
