@@ -221,6 +221,7 @@ async def test_a_cancelled_job_waiting_for_a_slot_ends_at_once(
         held = rid("held")
         runner = service._runner
         assert runner is not None
+        monkeypatch.setattr(runner.slots, "_armed_for_s", 0)  # held, never given back
         waiting = asyncio.Event()
         acquire = runner.slots.acquire
 

@@ -100,26 +100,34 @@ async def test_a_waiting_job_is_given_back_only_while_interactive_jobs_are_about
     pool = slots(1, paused, lookout_s=0.01, armed_for_s=600, clock=clock)
     running = await pool.acquire("running", 0)
     assert running is not None
-    # no interactive job seen yet: a waiting job keeps its place however long it waits
-    quiet = asyncio.create_task(pool.acquire("quiet", 0))
-    await asyncio.sleep(0.05)
-    assert not quiet.done()
-    quiet.cancel()
-    # an interactive job came and went: from now on the lookout is kept open
-    pool.release(running)
-    urgent = await pool.acquire("urgent", 9)
-    assert urgent is not None
+    # a worker starts armed: a job waiting on a full worker is given back
     held = asyncio.create_task(pool.acquire("held", 2))
     with pytest.raises(GiveBack):
         await held
     assert pool.waiting == 0
-    # ten minutes without one: closed again
+    # ten minutes without an interactive job: closed, a waiting job keeps its place
     clock.now += 601
-    later = asyncio.create_task(pool.acquire("later", 2))
+    quiet = asyncio.create_task(pool.acquire("quiet", 0))
     await asyncio.sleep(0.05)
-    assert not later.done()
+    assert not quiet.done()
+    quiet.cancel()
+    # an interactive job came: open again for ten minutes
+    pool.release(running)
+    urgent = await pool.acquire("urgent", 9)
+    assert urgent is not None
+    again = asyncio.create_task(pool.acquire("again", 2))
+    with pytest.raises(GiveBack):
+        await again
+    clock.now += 599
+    later = asyncio.create_task(pool.acquire("later", 2))
+    with pytest.raises(GiveBack):
+        await later
+    clock.now += 2
+    last = asyncio.create_task(pool.acquire("last", 2))
+    await asyncio.sleep(0.05)
+    assert not last.done()
     pool.release(urgent)
-    assert await later is not None
+    assert await last is not None
 
 
 async def test_a_withdrawn_wait_returns_none_and_keeps_the_slot_free() -> None:

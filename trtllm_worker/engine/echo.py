@@ -140,6 +140,11 @@ class EchoEngine:
 
     def _step(self) -> list[EngineOutput]:
         outputs = self._admit_cancelled()
+        # cancelled requests leave before admission: a slot freed by a cancel (a pause)
+        # takes a waiting request in this same step
+        for request_id in [i for i, r in self._running.items() if r.cancelled]:
+            del self._running[request_id]
+            outputs.append(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
         while self._waiting and len(self._running) < self._capacity:
             request = self._waiting.popleft()
             if self._crash_token is not None and self._crash_token in request.prompt_ids:

@@ -8,7 +8,8 @@ The broker delivers one job more than there are slots (the lookout): that is how
 interactive job reaches a full worker at all. A job of lower priority waiting in the
 lookout would keep it shut, so while interactive jobs are about (one was seen in the
 last `ARMED_FOR_S`) such a job is given back to the queue after `LOOKOUT_S`, and the
-broker, which delivers higher priorities first, hands over the next job."""
+broker, which delivers higher priorities first, hands over the next job. A worker
+starts armed."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from typing import Final
 LOOKOUT_S: Final = 0.05
 """How long a job of lower priority may hold the lookout while every slot is busy."""
 ARMED_FOR_S: Final = 600.0
-"""How long after the last interactive job the lookout is kept open: a worker that sees
-no interactive work never gives jobs back (no churn on the broker)."""
+"""How long after the last interactive job (or its start) the lookout is kept open: a
+worker that sees no interactive work for that long stops giving jobs back (no churn on
+the broker)."""
 
 
 class Ticket:
@@ -72,7 +74,9 @@ class Slots:
         self._seqs = itertools.count()
         self._running: dict[int, Ticket] = {}
         self._waiting: list[tuple[int, int, Ticket]] = []
-        self._last_interactive: float | None = None
+        self._last_interactive = clock()
+        """Armed from the start: a worker that comes up full (a scale-out under load)
+        must not make the first interactive job wait for a slot to free."""
 
     @property
     def running(self) -> int:
@@ -131,8 +135,7 @@ class Slots:
         return False
 
     def _armed(self) -> bool:
-        last = self._last_interactive
-        return last is not None and self._clock() - last < self._armed_for_s
+        return self._clock() - self._last_interactive < self._armed_for_s
 
     def _resolve(self, ticket: Ticket, granted: bool) -> None:
         ticket.gone = True
