@@ -24,3 +24,10 @@ REDIS_URL = os.environ.get("WORKER_TEST_REDIS_URL", "redis://localhost:6379/0")
 
 TRACING_ROUNDS = int(os.environ.get("BENCH_TRACING_ROUNDS", "3"))
 """Rounds of off, on, tenth, tenth, on, off in the tracing scenario."""
+
+PRIORITIES_BASE = "7b2216d0d65218b2a8bf54b9cd50f69d98bb32e7"
+"""The last commit before issue 27's priorities ("An ssl_* query parameter on a redis://
+URL is a settings error"): what the `tiers` scenario measures the cost of priorities on
+the throughput and short workloads against (same run, ABBA)."""
+TIERS_WINDOW_S = float(os.environ.get("BENCH_TIERS_WINDOW_S", "60"))
+"""How long each phase of the `tiers` scenarios is measured."""

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from bench.scenarios import baseline, cluster, idle, multitoken, single, sweeps, tracing
+from bench.scenarios import (
+    baseline,
+    cluster,
+    idle,
+    multitoken,
+    single,
+    sweeps,
+    tiers,
+    tracing,
+)
 from bench.scenarios.base import Scenario, Target
 
 __all__ = ["REGISTRY", "SUMMARY_ORDER", "Scenario", "Target"]
@@ -21,6 +30,8 @@ REGISTRY: dict[str, Scenario] = {
         cluster.SCENARIO,
         sweeps.STREAMS,
         sweeps.LENGTH,
+        tiers.SCENARIO,
+        tiers.QUORUM_SCENARIO,
         idle.SCENARIO,
     )
 }
@@ -28,6 +39,6 @@ REGISTRY: dict[str, Scenario] = {
 
 SUMMARY_ORDER = (
     "throughput", "baseline", "short", "latency", "realistic", "soak", "multitoken",
-    "cluster", "streams", "length", "tracing", "idle",
+    "cluster", "streams", "length", "tracing", "tiers", "tiers-quorum", "idle",
 )  # fmt: skip
 """The rows of SUMMARY.md (and of the README's table), headline figures first."""
