@@ -1,6 +1,7 @@
 """A pause broken halfway still ends every job exactly once: the broker connection lost
-between the copy and the ack (both copies run), the worker killed -9 while it pauses
-jobs, Redis gone right after a pause. Each test proves its fault happened."""
+between the copy and the ack (quorum: both copies run) or between the credit and the
+requeue (classic), the worker killed -9 while it pauses jobs, Redis gone right after a
+pause. Each test proves its fault happened."""
 
 from __future__ import annotations
 
@@ -41,23 +42,22 @@ def job(request_id: str, prompt: str, n: int) -> dict[str, Any]:
     return {"request_id": request_id, "inputs": prompt, "parameters": {"max_new_tokens": n}}
 
 
-@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_connection_lost_between_the_copy_and_the_ack(
     run_worker: WorkerFactory,
     make_settings: Callable[..., Settings],
     producer: Producer,
     subscriber: Subscriber,
     monkeypatch: pytest.MonkeyPatch,
-    queue_type: str,
 ) -> None:
-    """The paused job's copy is in the queue, then the broker takes the connection
-    before the original is acknowledged: the original comes back too. Both run, one
-    after the other; the stream gets every index once and one terminal entry."""
+    """Quorum queue: the paused job's copy is in the queue, then the broker takes the
+    connection before the original is acknowledged: the original comes back too. Both
+    run, one after the other; the stream gets every index once and one terminal entry,
+    and usage counts the job once."""
     if shutil.which("rabbitmqctl") is None:
         pytest.fail("rabbitmqctl is needed to close the worker's connection")
     batch, urgent = rid("batch"), rid("urgent")
     async with run_worker(
-        max_batch=1, echo_step_ms=20, queue_type=queue_type, delivery_limit=3
+        max_batch=1, echo_step_ms=20, queue_type="quorum", delivery_limit=3
     ) as service:
         consumer = service._consumer
         assert consumer is not None
@@ -93,6 +93,45 @@ async def test_connection_lost_between_the_copy_and_the_ack(
     async with Client(make_settings()) as client:  # both copies ran: counted once
         (usage,) = await client.usage(tenant="t1")
     assert (usage.jobs, usage.generated_tokens) == (1, 120)
+
+
+async def test_connection_lost_between_the_credit_and_the_requeue(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Classic queue: a paused job goes back with a requeue, the worker having told
+    Redis first that the redelivery is not a failed one. The connection goes between
+    the two: the broker requeues the job itself, and under delivery limit 1 it still
+    runs to its end (the credit covers that redelivery), never dead-lettered."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.fail("rabbitmqctl is needed to close the worker's connection")
+    batch, urgent = rid("batch"), rid("urgent")
+    async with run_worker(
+        max_batch=1, echo_step_ms=20, queue_type="classic", delivery_limit=1
+    ) as service:
+        consumer = service._consumer
+        assert consumer is not None
+        settler = consumer._settler
+        in_place = settler._return_in_place
+        closed: list[int] = []
+
+        async def credit_then_lose_the_connection(message: Any, error: Any) -> bool:
+            credited = await in_place(message, error)
+            if not closed:
+                closed.append(await close_connections_of([os.getpid()]))
+            return credited
+
+        monkeypatch.setattr(settler, "_return_in_place", credit_then_lose_the_connection)
+        await producer.publish(job(batch, "come back ", 120), priority=0)
+        await wait_for_entries(subscriber, batch, 10)
+        await producer.publish(job(urgent, "now ", 5), priority=9)
+        results = await subscriber.read_many([batch, urgent], wait_s=60)
+    assert closed == [1], "the worker's connection was closed before the requeue"
+    assert service.metrics.paused._value.get() >= 1
+    assert_exact(results[batch], "come back ", 120)
+    assert_exact(results[urgent], "now ", 5)
 
 
 async def test_worker_killed_while_pausing_jobs_another_finishes_them(

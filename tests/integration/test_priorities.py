@@ -243,11 +243,17 @@ async def test_a_cancelled_job_waiting_for_a_slot_ends_at_once(
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_a_full_worker_with_a_backlog_sees_an_interactive_job(
-    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, queue_type: str
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    services: ServiceUrls,
+    queue_type: str,
 ) -> None:
     """One slot, a backlog of batch jobs: the worker runs one and holds the next in the
     lookout. Once interactive jobs are about, the held job is given back (uncounted) so
     that the broker can hand over the interactive one, which pauses the running job."""
+    if queue_type == "quorum" and await broker_version(services.amqp) < (4, 0):
+        pytest.skip("a quorum queue orders priorities from RabbitMQ 4.0 on (test-servers)")
     async with run_worker(
         max_batch=1, echo_step_ms=20, queue_type=queue_type, delivery_limit=1
     ) as service:
@@ -371,3 +377,22 @@ async def test_the_sdk_submits_with_a_priority(
         assert done.generated_text == "hi"
         assert not await has_terminal(subscriber, batch)
         assert service.metrics.paused._value.get() == 1
+
+
+async def test_no_job_is_given_back_where_the_broker_ignores_priorities(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber, services: ServiceUrls
+) -> None:
+    """A quorum queue before RabbitMQ 4.0 delivers in arrival order: a job given back
+    would only go to the back of the queue, so the worker never gives one back."""
+    if await broker_version(services.amqp) >= (4, 0):
+        pytest.skip("RabbitMQ 4.0 orders a quorum queue's priorities")
+    first, held = rid("first"), rid("held")
+    async with run_worker(max_batch=1, echo_step_ms=20, queue_type="quorum") as service:
+        await producer.publish(job(first, 30), priority=0)
+        await subscriber.first_entry(first)
+        await producer.publish(job(held, 3), priority=0)
+        # the held job waits for the whole first job, ten times the lookout's 50 ms
+        entries = await subscriber.read_until_terminal(held)
+        given_back = service.metrics.given_back._value.get()
+    assert terminal(entries)["event"] == "done"
+    assert given_back == 0

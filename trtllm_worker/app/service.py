@@ -201,6 +201,8 @@ class Service:
         self.metrics.broker_connected.set_function(lambda: float(consumer.connected))
         self.metrics.redis_connected.set_function(lambda: float(self.redis_up))
         await self._consumer.start()
+        # where the broker ignores priorities, giving jobs back cannot bring one forward
+        runner.slots.lookout = consumer.orders_priorities
         log.info(
             "ready: engine %s, HTTP on port %d, event loop %s",
             settings.engine,

@@ -114,6 +114,8 @@ class Consumer:
         self._settler = Settler(settings, store, metrics, lambda: self._channel)
         self._tracing = tracing
         self._model_name = model_name
+        self.orders_priorities = True
+        """Whether the broker delivers the job queue by priority (known once started)."""
 
     @property
     def connected(self) -> bool:
@@ -185,6 +187,7 @@ class Consumer:
             return
         version = broker_version(self._connection)
         if version is not None and version < QUORUM_PRIORITIES_SINCE:
+            self.orders_priorities = False
             log.warning(
                 "RabbitMQ %s ignores message priorities on quorum queue %r (ordered from "
                 "4.0 on): jobs leave the queue in arrival order; the worker still starts "

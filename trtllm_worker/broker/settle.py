@@ -198,6 +198,9 @@ class Settler:
                 if trace is not None:
                     trace.event(DEAD_LETTERED, attributes={"error.type": error.code})
             if action is Action.RETURN:
+                if await self._return_in_place(message, error):
+                    await self._amqp(message, Action.REQUEUE)
+                    return action
                 await self._put_back(message)
         except _FAILURES as exc:
             if action is Action.RETURN:
@@ -212,6 +215,28 @@ class Settler:
             self._metrics.jobs.labels(outcome=f"error:{error.code}").inc()
         await self._amqp(message, action)
         return action
+
+    async def _return_in_place(
+        self, message: AbstractIncomingMessage, error: WorkerError | None
+    ) -> bool:
+        """On a classic queue a returned job goes back with a requeue: at once (no copy
+        to confirm), and to its place in the queue. RabbitMQ does not count it there,
+        and the worker, which counts a classic queue's redeliveries itself, is told
+        first that the redelivery coming is not a failed one. Redis failing, the job
+        goes back as a copy instead (quorum queues always: they count every requeue)."""
+        if self._settings.queue_type != "classic":
+            return False
+        request_id = (error.request_id if error is not None else None) or valid_request_id(
+            message.message_id
+        )
+        if request_id is None:
+            return False
+        try:
+            await self._store.credit_delivery(stream_key(self._settings.stream_prefix, request_id))
+        except REDIS_FAILURES as exc:
+            log.warning("Redis failed (%s); the job goes back as a copy", exc)
+            return False
+        return True
 
     async def _amqp(self, message: AbstractIncomingMessage, action: Action) -> None:
         if action in _ACKED and self.acks.batches(message):

@@ -142,7 +142,9 @@ class OutputPump:
         written, and its slot frees with it."""
         if not self._processor.in_engine(state):
             return False
-        self._let_go([state], lambda s: Returned(reason, request_id=s.request_id))
+        # the lease stays tracked: the runner releases it (awaited) before the job is
+        # settled, so a copy redelivered at once finds it free
+        self.drop(state, Returned(reason, request_id=state.request_id))
         return True
 
     def _let_go(

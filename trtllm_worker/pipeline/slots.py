@@ -75,6 +75,9 @@ class Slots:
         self._running: dict[int, Ticket] = {}
         self._waiting: list[tuple[int, int, Ticket]] = []
         self._last_interactive = clock()
+        self.lookout = True
+        """False where the broker does not order priorities (a quorum queue before
+        RabbitMQ 4.0): giving a job back would only send it to the back of the queue."""
         """Armed from the start: a worker that comes up full (a scale-out under load)
         must not make the first interactive job wait for a slot to free."""
 
@@ -105,7 +108,7 @@ class Slots:
         heapq.heappush(self._waiting, (-priority, ticket.seq, ticket))
         self._make_room()
         timer = None
-        if not self.interactive(priority) and self._armed():
+        if not self.interactive(priority) and self.lookout and self._armed():
             timer = loop.call_later(self._lookout_s, self._give_back, ticket)
         try:
             granted = await future

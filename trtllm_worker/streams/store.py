@@ -382,6 +382,16 @@ class StreamStore:
     async def mark_cancelled(self, key: str) -> None:
         await mark_cancelled(self.client, key, self._ttl_s)
 
+    async def credit_delivery(self, key: str) -> None:
+        """The next redelivery of this request's message is not a failed one (the worker
+        requeued it to make room for a more urgent job): `count_delivery` will not count
+        it."""
+        counter = deliveries_key(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incrby(counter, -1)  # INCRBY, which the worker's Redis user has
+        pipe.expire(counter, self._ttl_s)
+        await pipe.execute()
+
     async def count_delivery(self, key: str) -> int:
         """Count one more redelivery of this request's message; returns the count (for
         classic queues, which do not count deliveries themselves)."""
