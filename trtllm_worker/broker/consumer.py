@@ -273,7 +273,7 @@ class Consumer:
         published = published_ns(message)
         if published is not None:
             waited = time.time() - published / 1e9
-            self._metrics.queue_wait.labels(priority_class=klass).observe(max(waited, 0.0))
+            self._metrics.by_class(self._metrics.queue_wait, klass).observe(max(waited, 0.0))
         trace = None
         if self._tracing is not None:
             trace = begin_trace(

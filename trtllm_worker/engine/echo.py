@@ -70,6 +70,8 @@ class EchoEngine:
         self._waiting: deque[EngineRequest] = deque()
         self._running: dict[int, _Running] = {}
         self._cancelled_waiting: set[int] = set()
+        self._cancelled_running: set[int] = set()
+        """Running requests cancelled since the last step (a step leaves them first)."""
         self._next_step = time.monotonic()
         self._wakeup = threading.Event()
         self._closed = False
@@ -90,6 +92,7 @@ class EchoEngine:
         running = self._running.get(request_id)
         if running is not None:
             running.cancelled = True
+            self._cancelled_running.add(request_id)
         else:
             self._cancelled_waiting.add(request_id)
 
@@ -142,9 +145,11 @@ class EchoEngine:
         outputs = self._admit_cancelled()
         # cancelled requests leave before admission: a slot freed by a cancel (a pause)
         # takes a waiting request in this same step
-        for request_id in [i for i, r in self._running.items() if r.cancelled]:
-            del self._running[request_id]
-            outputs.append(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
+        if self._cancelled_running:
+            for request_id in self._cancelled_running:
+                if self._running.pop(request_id, None) is not None:
+                    outputs.append(EngineOutput(request_id, [], finish=FinishReason.CANCELLED))
+            self._cancelled_running.clear()
         while self._waiting and len(self._running) < self._capacity:
             request = self._waiting.popleft()
             if self._crash_token is not None and self._crash_token in request.prompt_ids:

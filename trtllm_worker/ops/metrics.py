@@ -31,6 +31,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._by_class: dict[tuple[str, str], Histogram] = {}
         r = self.registry
         self.jobs = Counter(
             "worker_jobs_total",
@@ -108,3 +109,12 @@ class Metrics:
         )
         self.redis_connected = Gauge("worker_redis_connected", "1 while Redis answers", registry=r)
         self.ready = Gauge("worker_ready", "1 while /readyz answers 200", registry=r)
+
+    def by_class(self, family: Histogram, priority_class: str) -> Histogram:
+        """`family`'s child for a priority class, looked up once (`labels()` validates
+        and locks on every call; this runs for every job)."""
+        key = (family._name, priority_class)
+        child = self._by_class.get(key)
+        if child is None:
+            child = self._by_class[key] = family.labels(priority_class=priority_class)
+        return child

@@ -400,9 +400,8 @@ class JobRunner:
                 trace.event(FIRST_TOKEN, state.first_token_at)
         if state.first_token_at is not None:
             klass = priority_class(priority, self._settings.preempt_priority)
-            self._metrics.ttft.labels(priority_class=klass).observe(
-                state.first_token_at - received_at
-            )
+            ttft = self._metrics.by_class(self._metrics.ttft, klass)
+            ttft.observe(state.first_token_at - received_at)
         if trace is not None:
             trace.event(TERMINAL)
         return terminal
