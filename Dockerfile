@@ -5,7 +5,8 @@
 #       brings CUDA, TensorRT, Open MPI, PyTorch and tensorrt_llm itself; runs the trtllm
 #       and trtllm-executor engines. Linux x86_64 or aarch64 with an NVIDIA GPU and driver.
 #         docker build -t trtllm-worker:0.1.0 .
-#         docker build --build-arg TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:<tag> .
+#         docker build --build-arg TRTLLM_VERSION=1.4.0rc1 .    (another release container)
+#         docker build --build-arg TRTLLM_IMAGE=registry.example.com/trtllm:<tag> .
 #   cpu: python:3.12-slim with the built-in echo engine only, for demos (docker-compose.yml)
 #         docker build --target cpu -t trtllm-worker:0.1.0-cpu .
 #
@@ -14,9 +15,13 @@
 # and reaps the processes TensorRT-LLM spawns. The gpu image contains NVIDIA software under
 # NVIDIA's licence terms (see the base image).
 
-# TensorRT-LLM's release image; its tags follow the tensorrt_llm version. Engines built
-# with trtllm-build must be built with the same version as the image that serves them.
-ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:1.2.0
+# TensorRT-LLM's release image; its tags follow the tensorrt_llm version. The default is
+# the newest stable release (trtllm_worker/engine/versions.py, STABLE); the worker supports
+# 1.2.x, the 1.3 release candidates and 1.4 (docs/gpu.md, "TensorRT-LLM releases"), and
+# the build fails on any other. Engines built with trtllm-build must be built with the
+# same version as the image that serves them (trtllm-executor: 1.2.x only).
+ARG TRTLLM_VERSION=1.2.1
+ARG TRTLLM_IMAGE=nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_VERSION}
 ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
 
 # --- the worker as a wheel, and what it needs as hash-pinned requirements from uv.lock ---
@@ -87,7 +92,7 @@ RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
     && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
     && python3 -m pip install --no-cache-dir --no-index --constraint /tmp/image-packages.txt \
         "${wheel}[uvloop,otel,image]" \
-    && python3 -c "import importlib.metadata as m; print('tensorrt_llm', m.version('tensorrt_llm'))" \
+    && python3 -m trtllm_worker.engine.versions \
     && rm -rf /tmp/wheels /tmp/image-packages.txt /tmp/worker-requirements.txt \
     && test -x /opt/nvidia/nvidia_entrypoint.sh
 USER 1000:1000

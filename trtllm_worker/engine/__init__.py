@@ -10,12 +10,13 @@ from collections.abc import Callable
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.contract.exits import Unavailable
+from trtllm_worker.engine import versions
 from trtllm_worker.engine.base import Engine
 from trtllm_worker.engine.echo import EchoEngine
 from trtllm_worker.tokenizer import TokenizerInfo
 
 INSTALL_HINT = (
-    "install TensorRT-LLM 1.2 from NVIDIA's index (pip install 'tensorrt-llm>=1.2,<1.3' "
+    f"install TensorRT-LLM from NVIDIA's index (pip install '{versions.REQUIREMENT}' "
     "--extra-index-url https://pypi.nvidia.com, on Python 3.10/3.12 with an NVIDIA driver), "
     "or run the worker's GPU image built on NVIDIA's TensorRT-LLM release container"
 )
