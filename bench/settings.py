@@ -31,3 +31,8 @@ URL is a settings error"): what the `tiers` scenario measures the cost of priori
 the throughput and short workloads against (same run, ABBA)."""
 TIERS_WINDOW_S = float(os.environ.get("BENCH_TIERS_WINDOW_S", "60"))
 """How long each phase of the `tiers` scenarios is measured."""
+TIERS_COST_SCALE = int(os.environ.get("BENCH_TIERS_COST_SCALE", "8"))
+"""How many times the jobs of `throughput` and `short` the cost of priorities is measured
+on: at 1 a run lasts under two seconds and single runs spread by 15 to 25 %."""
+TIERS_COST_ROUNDS = int(os.environ.get("BENCH_TIERS_COST_ROUNDS", "2"))
+"""Rounds of before, this, this, before in the cost of priorities."""

@@ -32,6 +32,7 @@ REGISTRY: dict[str, Scenario] = {
         sweeps.LENGTH,
         tiers.SCENARIO,
         tiers.QUORUM_SCENARIO,
+        tiers.COST_SCENARIO,
         idle.SCENARIO,
     )
 }
@@ -39,6 +40,7 @@ REGISTRY: dict[str, Scenario] = {
 
 SUMMARY_ORDER = (
     "throughput", "baseline", "short", "latency", "realistic", "soak", "multitoken",
-    "cluster", "streams", "length", "tracing", "tiers", "tiers-quorum", "idle",
+    "cluster", "streams", "length", "tracing", "tiers", "tiers-quorum", "tiers-cost",
+    "idle",
 )  # fmt: skip
 """The rows of SUMMARY.md (and of the README's table), headline figures first."""
