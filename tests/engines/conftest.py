@@ -102,9 +102,7 @@ def make_engine(
                 fault_token=POISON,
             )
         else:
-            engine = create_trtllm(
-                trtllm_settings(tmp_path, kind, max_batch=capacity, **settings)
-            )
+            engine = create_trtllm(trtllm_settings(tmp_path, kind, max_batch=capacity, **settings))
         engines.append(engine)
         return engine
 
