@@ -91,7 +91,8 @@ def make_engine(
         gpu.step_s = 0.001
         gpu.tokens_per_step = 3 if variant else 1
 
-    def make(capacity: int = 64) -> Engine:
+    def make(capacity: int = 64, **settings: Any) -> Engine:
+        """`settings`: worker settings for the TensorRT-LLM adapters (echo: ignored)."""
         engine: Engine
         if kind == "echo":
             engine = EchoEngine(
@@ -101,7 +102,7 @@ def make_engine(
                 fault_token=POISON,
             )
         else:
-            engine = create_trtllm(trtllm_settings(tmp_path, kind, max_batch=capacity))
+            engine = create_trtllm(trtllm_settings(tmp_path, kind, max_batch=capacity, **settings))
         engines.append(engine)
         return engine
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from tests.engines.conftest import POISON, EngineFactory, collect, drive, tokens_of
-from trtllm_worker.engine.base import EngineOutput, EngineRequest, FinishReason
+from trtllm_worker.contract.job import MAX_TOP_LOGPROBS
+from trtllm_worker.engine.base import EngineOutput, EngineRequest, FinishReason, Sampling
 
 EOS = 2
 
@@ -120,6 +121,40 @@ def test_logprobs_when_asked(make_engine: EngineFactory) -> None:
         assert len(output.logprobs) == len(output.token_ids)
         assert all(p is not None and p <= 0 for p in output.logprobs)
     assert all(o.logprobs is None for o in outputs[2])
+
+
+def test_top_logprobs_most_likely_first_or_refused(make_engine: EngineFactory) -> None:
+    """Where an engine can return top logprobs (echo; the LLM API with TorchSampler) a
+    request gets exactly K distinct `(token_id, logprob)` per token, most likely first;
+    greedy, the chosen token is the first, its `logprob` the first's. The Executor
+    cannot, and its limits say so, with what to use instead."""
+    engine = make_engine(sampler="TorchSampler")
+    if make_engine.kind == "trtllm-executor":  # type: ignore[attr-defined]
+        assert engine.limits.max_top_logprobs == 0
+        assert "WORKER_SAMPLER=TorchSampler" in engine.limits.top_logprobs_why
+        return
+    assert engine.limits.max_top_logprobs == MAX_TOP_LOGPROBS
+    greedy = Sampling(do_sample=False)
+    outputs = drive(
+        engine,
+        [
+            request(1, [5, 6, 7], 7, return_logprobs=True, top_logprobs=3, sampling=greedy),
+            request(2, [5, 6, 7], 7, return_logprobs=True, sampling=greedy),
+        ],
+    )
+    tokens = tokens_of(outputs[1])
+    tops = [top for o in outputs[1] for top in (o.top_logprobs or [])]
+    logprobs = [p for o in outputs[1] for p in (o.logprobs or [])]
+    assert len(tokens) == len(tops) == len(logprobs) == 7
+    for token, top, logprob in zip(tokens, tops, logprobs, strict=True):
+        assert top is not None
+        assert len(top) == 3
+        assert len({token_id for token_id, _ in top}) == 3
+        values = [value for _, value in top]
+        assert values == sorted(values, reverse=True)
+        assert all(value <= 0 for value in values)
+        assert top[0] == (token, logprob)
+    assert all(o.top_logprobs is None for o in outputs[2])
 
 
 def test_deadline_ends_the_request_where_the_engine_takes_one(

@@ -193,3 +193,59 @@ def test_shutdown_leaves_no_task_pending_on_the_private_loop(tmp_path: Path, gpu
         assert asyncio.run_coroutine_threadsafe(close_and_look(), engine._loop).result(10) == []
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("sampler", "max_top"), [("TRTLLMSampler", 0), ("TorchSampler", 20), ("auto", 20)]
+)
+def test_llm_api_top_logprobs_where_the_sampler_returns_them(
+    gpu: FakeGpu, tmp_path: Path, sampler: str, max_top: int
+) -> None:
+    """1.2's TRTLLMSampler returns only the sampled token's log probability: the limits
+    say 0 and why, so intake refuses `top_logprobs` rather than publish one pair."""
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler=sampler))
+    try:
+        assert engine.limits.max_top_logprobs == max_top
+        if not max_top:
+            assert "WORKER_SAMPLER=TorchSampler" in engine.limits.top_logprobs_why
+    finally:
+        engine.shutdown()
+
+
+def test_llm_api_top_logprobs_under_sampling_need_not_hold_the_sampled_token(
+    gpu: FakeGpu, tmp_path: Path
+) -> None:
+    """TorchSampler ranks the log-softmax before temperature and top-k/top-p: sampled,
+    the top K are the model's most likely tokens, which may leave out the sampled one
+    (then its `logprob` is absent too); they are published as given, by rank."""
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TorchSampler"))
+    sampled = EngineRequest(
+        id=1,
+        prompt_ids=[5, 6],
+        max_new_tokens=2,
+        sampling=Sampling(do_sample=True, temperature=0.8),
+        return_logprobs=True,
+        top_logprobs=3,
+    )
+    try:
+        outputs = drive(engine, [sampled])[1]
+    finally:
+        engine.shutdown()
+    lp = gpu.logprob
+    tops = [top for o in outputs for top in (o.top_logprobs or [])]
+    assert tops == [
+        [(t + 1000, lp), (t + 1001, lp - 1), (t + 1002, lp - 2)] for t in tokens_of(outputs)
+    ]
+    assert [p for o in outputs for p in (o.logprobs or [])] == [None, None]
+
+
+def test_llm_api_top_logprobs_are_ordered_by_rank_and_cut_at_k(gpu: FakeGpu) -> None:
+    """A mapping in any order, or with more than K (a line that adds the sampled token
+    at its own rank), gives the K best ranks, rank 1 first."""
+    from tensorrt_llm.executor.result import Logprob
+
+    from trtllm_worker.engine.trtllm import _top_logprobs
+
+    diff = [{9: Logprob(-3.0, rank=57), 7: Logprob(-1.0, rank=2), 8: Logprob(-0.5, rank=1)}]
+    assert _top_logprobs(diff, 2) == [[(8, -0.5), (7, -1.0)]]
+    assert _top_logprobs([], 2) is None

@@ -79,6 +79,15 @@ def test_llm_api_sampling_params(gpu: FakeGpu, tmp_path: Path) -> None:
     assert params.detokenize is False
 
 
+def test_llm_api_top_logprobs_ask_for_k(gpu: FakeGpu, tmp_path: Path) -> None:
+    """`top_logprobs` K is `logprobs=K`: TorchSampler's top K per token, which the
+    sampled token's own `logprob` is read from too."""
+    settings = trtllm_settings(tmp_path, "trtllm", sampler="TorchSampler")
+    with running(settings) as engine:
+        drive(engine, [full_request(top_logprobs=4)])
+    assert gpu.sampling_params[-1].logprobs == 4
+
+
 def test_llm_api_greedy_random_seed_and_ignore_eos(gpu: FakeGpu, tmp_path: Path) -> None:
     greedy = Sampling(do_sample=False, temperature=0.7, top_p=0.9)
     with running(trtllm_settings(tmp_path, "trtllm")) as engine:

@@ -172,6 +172,34 @@ async def test_truncate_and_logprobs(
     assert all(float(e["logprob"]) <= 0 for e in tokens(entries))
 
 
+async def test_top_logprobs_on_every_token_entry(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """With `top_logprobs` 3 each token entry carries three `[token_id, logprob]` pairs
+    as JSON, most likely first, the echo engine's chosen token among them; a job that
+    does not ask gets no such field."""
+    asked, plain = rid(), rid()
+    async with run_worker():
+        for request_id, extra in ((asked, {"top_logprobs": 3}), (plain, {})):
+            params = {"max_new_tokens": 5, "return_logprobs": True, **extra}
+            await producer.publish(
+                {"request_id": request_id, "inputs": "abc", "parameters": params}
+            )
+        entries = await subscriber.read_until_terminal(asked)
+        others = await subscriber.read_until_terminal(plain)
+    assert len(tokens(entries)) == 5
+    for entry in tokens(entries):
+        top = json.loads(entry["top_logprobs"])
+        assert len(top) == 3
+        assert all(isinstance(token_id, int) for token_id, _ in top)
+        values = [logprob for _, logprob in top]
+        assert values == sorted(values, reverse=True)
+        assert [int(entry["token_id"]), float(entry["logprob"])] in top
+        assert "," + " " not in entry["top_logprobs"]  # compact JSON
+    assert terminal(entries)["generated_text"] == "abcab"
+    assert all("top_logprobs" not in e and "logprob" in e for e in tokens(others))
+
+
 async def test_utf8_never_split_across_entries(
     run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
 ) -> None:

@@ -37,6 +37,19 @@ def rid() -> str:
             "invalid_request",
             "parameters.top_k",
         ),
+        (
+            b'{"request_id": "x5", "inputs": "hi", "parameters": {"top_logprobs": 3}}',
+            {},
+            "invalid_request",
+            "parameters.top_logprobs: needs parameters.return_logprobs",
+        ),
+        (
+            b'{"request_id": "x6", "inputs": "hi", '
+            b'"parameters": {"return_logprobs": true, "top_logprobs": 21}}',
+            {},
+            "invalid_request",
+            "parameters.top_logprobs",
+        ),
         (b'{"request_id": "x4", "inputs": "hi", "extra": 1}', {}, "invalid_request", "extra"),
         (b" " * (MAX_BODY_BYTES + 1), {}, "invalid_request", "limit"),
     ],
@@ -47,6 +60,8 @@ def rid() -> str:
         "bad-utf8",
         "content-type",
         "top_k",
+        "top_logprobs-without-return_logprobs",
+        "top_logprobs-21",
         "unknown-field",
         "too-large",
     ],

@@ -126,6 +126,56 @@ async def test_what_a_batch_says_it_stores_is_what_redis_holds(
     assert [f["index"] for f in logprob_stream[:3]] == ["0", "1", "2"]
 
 
+async def test_top_logprobs_columns_are_stored_as_json_beside_logprobs(
+    store: StreamStore, redis: aioredis.Redis, prefix: str
+) -> None:
+    """Top logprobs travel as one more column: each token entry gets its compact JSON,
+    none where the engine gave none (or a stop token's), non-finite pairs left out;
+    the same entries rebuilt from whole entries (`of_entries`) and written stream by
+    stream (`per_stream`) store the same."""
+    tokenizer = builtin_byte_tokenizer()
+    processor = OutputProcessor()
+    key = f"{prefix}top"
+    await store.start(key, "lease")
+    processor.add(
+        RequestState(
+            request_id="top", key=key, engine_id=1, tokenizer=tokenizer, prompt_ids=[97],
+            input_tokens=1, return_logprobs=True, top_logprobs=2, lease="lease",
+        )
+    )  # fmt: skip
+    batch = processor.process(
+        [
+            EngineOutput(1, [98, 99], [-0.5, None], top_logprobs=[[(98, -0.5), (7, -2.0)], None]),
+            EngineOutput(
+                1, [100], [-0.25], FinishReason.LENGTH,
+                top_logprobs=[[(100, -0.25), (3, float("-inf"))]],
+            ),
+        ]
+    )  # fmt: skip
+    assert await store.write(batch.write) == {}
+    stored = await entries(redis, key)
+    assert [e.get("top_logprobs") for e in stored] == [
+        "[[98,-0.5],[7,-2.0]]",
+        None,
+        "[[100,-0.25]]",
+        None,
+    ]
+    assert [e.get("logprob") for e in stored] == ["-0.5", None, "-0.25", None]
+    expected = [{k: str(v) for k, v in fields.items()} for _, _, fields in batch.entries]
+    assert stored == expected
+    for n, rebuilt in enumerate(
+        (
+            WriteBatch.of_entries(batch.entries, {key: "lease"}),
+            *(one for _, one in batch.write.per_stream()),
+        )
+    ):
+        again = f"{prefix}top-{n}"
+        await store.start(again, "lease")
+        moved = [(again, entry_id, fields) for _, entry_id, fields in rebuilt.entries()]
+        assert await store.write(WriteBatch.of_entries(moved, {again: "lease"})) == {}
+        assert await entries(redis, again) == expected
+
+
 async def test_a_retried_batch_stores_no_index_twice(
     store: StreamStore, redis: aioredis.Redis, prefix: str
 ) -> None:

@@ -3,6 +3,7 @@ issue adds leases and fault injection; this is the resume path itself)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
@@ -108,3 +109,24 @@ async def test_a_resume_after_an_early_stop_id_still_honours_min_new_tokens(
     done = terminal(entries)
     assert (done["finish_reason"], done["generated_tokens"]) == ("stop_sequence", "10")
     assert done["generated_text"] == "aaaaa"
+
+
+async def test_a_resumed_job_gives_its_new_tokens_their_top_logprobs(
+    run_worker: WorkerFactory, producer: Producer, subscriber: Subscriber
+) -> None:
+    """The entries stored before the break stay as they were; each new one carries the
+    top logprobs of the token it publishes (the echo engine lists it first)."""
+    request_id = rid()
+    await store_tokens(subscriber, request_id, list("ab"), [ord(c) for c in "ab"])
+    params = {"max_new_tokens": 5, "return_logprobs": True, "top_logprobs": 2}
+    async with run_worker():
+        await producer.publish({"request_id": request_id, "inputs": "abc", "parameters": params})
+        entries = await subscriber.read_until_terminal(request_id)
+    stored = tokens(entries)
+    assert [int(e["index"]) for e in stored] == list(range(5))
+    assert all("top_logprobs" not in e for e in stored[:2])
+    for entry in stored[2:]:
+        top = json.loads(entry["top_logprobs"])
+        assert len(top) == 2
+        assert top[0] == [int(entry["token_id"]), float(entry["logprob"])]
+    assert terminal(entries)["generated_text"] == "abcab"

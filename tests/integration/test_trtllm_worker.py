@@ -253,3 +253,39 @@ async def test_a_resumed_job_never_exceeds_the_engines_max_num_tokens(
         error = terminal(entries)
         assert (error["event"], error.get("code")) == ("error", "input_too_long"), error
         assert "max_num_tokens 16" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "sampler"),
+    [("trtllm", "TorchSampler"), ("trtllm", "TRTLLMSampler"), ("trtllm-executor", "auto")],
+)
+async def test_top_logprobs_through_the_adapter_or_refused_where_it_cannot(
+    gpu: FakeGpu,
+    model_dir: Path,
+    engine: str,
+    sampler: str,
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+) -> None:
+    """TorchSampler returns the top K (greedy: the chosen token first); TRTLLMSampler
+    and the C++ Executor return only the sampled token's log probability, so a job that
+    asks is dead-lettered `invalid_request` naming `top_logprobs` and what to use."""
+    request_id = rid()
+    params = {"max_new_tokens": 4, "return_logprobs": True, "top_logprobs": 3, "do_sample": False}
+    async with run_worker(**engine_settings(engine, model_dir), sampler=sampler):
+        await producer.publish({"request_id": request_id, "inputs": "abc", "parameters": params})
+        entries = await subscriber.read_until_terminal(request_id)
+        dead = None if sampler == "TorchSampler" else await producer.get_dead()
+    if dead is None:
+        assert terminal(entries)["generated_text"] == "abca"
+        for entry in tokens(entries):
+            top = json.loads(entry["top_logprobs"])
+            assert len(top) == 3
+            assert top[0] == [int(entry["token_id"]), float(entry["logprob"])]
+        return
+    assert dead.headers["x-error-code"] == "invalid_request"
+    message = str(dead.headers["x-error-message"])
+    assert message.startswith("parameters.top_logprobs: this engine cannot return top logprobs")
+    assert "WORKER_SAMPLER=TorchSampler" in message
+    assert entries == [{"event": "error", "code": "invalid_request", "message": message}]

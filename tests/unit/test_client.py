@@ -27,7 +27,22 @@ def test_token_entry() -> None:
     assert event == TokenEvent(entry_id="0-3", index=2, token_id=99, text="c", logprob=-1.5)
     plain = parse_entry("0-1", {"event": "token", "index": "0", "token_id": "97", "text": ""})
     assert isinstance(plain, TokenEvent)
-    assert (plain.text, plain.logprob) == ("", None)
+    assert (plain.text, plain.logprob, plain.top_logprobs) == ("", None, None)
+
+
+def test_token_entry_parses_its_top_logprobs() -> None:
+    fields = {
+        "event": "token",
+        "index": "0",
+        "token_id": "99",
+        "text": "c",
+        "logprob": "-0.25",
+        "top_logprobs": "[[99,-0.25],[4,-1.5],[7,-3.0]]",
+    }
+    event = parse_entry("0-1", fields)
+    assert isinstance(event, TokenEvent)
+    assert event.top_logprobs == [(99, -0.25), (4, -1.5), (7, -3.0)]
+    assert all(isinstance(pair, tuple) for pair in event.top_logprobs)
 
 
 def test_done_entry_parses_its_metadata() -> None:
@@ -66,6 +81,14 @@ def test_unknown_events_are_skipped_and_new_fields_ignored() -> None:
         ({"event": "token", "index": "x", "token_id": "1", "text": ""}, "index"),
         ({"event": "token", "index": "0", "text": ""}, "token_id"),
         ({"event": "done", "finish_reason": "length"}, "generated_tokens"),
+        (
+            {"event": "token", "index": "0", "token_id": "1", "text": "", "top_logprobs": "[[1"},
+            "top_logprobs",
+        ),
+        (
+            {"event": "token", "index": "0", "token_id": "1", "text": "", "top_logprobs": "[1]"},
+            "top_logprobs",
+        ),
         (
             {
                 "event": "done",

@@ -342,6 +342,38 @@ def test_without_return_logprobs_there_are_none() -> None:
     assert all(output.logprobs is None for output in outputs)
 
 
+@pytest.mark.parametrize("tokens_per_step", [1, 3])
+@pytest.mark.parametrize("count", [1, 3, 20])
+def test_top_logprobs_list_the_generated_token_first(tokens_per_step: int, count: int) -> None:
+    """Deterministic: the generated token first at its `logprob` 0.0, then distinct low
+    ids at falling log probabilities; exactly `count` pairs per token."""
+    engine = EchoEngine(capacity=4, step_s=0, tokens_per_step=tokens_per_step)
+    request = EngineRequest(
+        1, [0, 7, 19], max_new_tokens=7, return_logprobs=True, top_logprobs=count
+    )
+    engine.enqueue(request)
+    outputs = by_id(run(engine, {1}))[1]
+    generated = tokens(outputs)
+    tops = [top for output in outputs for top in output.top_logprobs or []]
+    assert len(tops) == len(generated) == 7
+    for token, top in zip(generated, tops, strict=True):
+        assert top is not None
+        assert len(top) == count
+        assert top[0] == (token, 0.0)
+        assert len({token_id for token_id, _ in top}) == count
+        assert [logprob for _, logprob in top] == [-float(k) for k in range(count)]
+        assert all(token_id < 20 for token_id, _ in top[1:])
+    again = EchoEngine(capacity=4, step_s=0, tokens_per_step=tokens_per_step)
+    again.enqueue(request)
+    assert [o.top_logprobs for o in by_id(run(again, {1}))[1]] == [o.top_logprobs for o in outputs]
+
+
+def test_without_top_logprobs_there_are_none() -> None:
+    outputs = run_one(EngineRequest(1, [1, 2, 3], max_new_tokens=3, return_logprobs=True))
+
+    assert all(output.top_logprobs is None for output in outputs)
+
+
 # -- step time and wake -----------------------------------------------------------------
 
 

@@ -325,3 +325,33 @@ def test_a_parameter_the_engine_would_ignore_is_refused(byte_info: TokenizerInfo
         prepare_input(job, byte_info, settings, limits)
     unseeded = make_job(settings, inputs="x", parameters={"temperature": 0.5})
     assert prepare_input(unseeded, byte_info, settings, limits).prompt_ids == [120]
+
+
+@pytest.mark.parametrize(
+    ("engine", "wanted", "refused"),
+    [
+        pytest.param(EngineLimits(max_top_logprobs=20), 20, None, id="within"),
+        pytest.param(EngineLimits(max_top_logprobs=5), 6, "6 is more than", id="over"),
+        pytest.param(
+            EngineLimits(top_logprobs_why="the sampler returns one"),
+            1,
+            "cannot return top logprobs (the sampler returns one)",
+            id="none",
+        ),
+    ],
+)
+def test_top_logprobs_beyond_what_the_engine_returns_are_refused(
+    byte_info: TokenizerInfo, engine: EngineLimits, wanted: int, refused: str | None
+) -> None:
+    """Fewer top logprobs than asked would look like a model with no other candidates:
+    the job is refused at intake, naming the field and why."""
+    settings = make_settings()
+    params = {"return_logprobs": True, "top_logprobs": wanted}
+    job = make_job(settings, inputs="x", parameters=params)
+    if refused is None:
+        assert prepare_input(job, byte_info, settings, engine).prompt_ids == [120]
+        return
+    with pytest.raises(InvalidJob) as caught:
+        prepare_input(job, byte_info, settings, engine)
+    assert caught.value.message.startswith("parameters.top_logprobs: ")
+    assert refused in caught.value.message

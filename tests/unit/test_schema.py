@@ -341,6 +341,7 @@ def test_parameters_defaults() -> None:
         "seed",
         "stop",
         "truncate",
+        "top_logprobs",
     ):
         assert getattr(params, name) is None, name
     assert job.max_new_tokens(LIMITS) == LIMITS.default_max_new_tokens
@@ -520,6 +521,39 @@ def test_parameters_not_an_object() -> None:
     assert error.request_id == REQUEST_ID
 
 
+@pytest.mark.parametrize("count", [1, 7, 20])
+def test_top_logprobs_with_return_logprobs(count: int) -> None:
+    job = parse(with_parameters(return_logprobs=True, top_logprobs=count))
+    assert job.parameters.top_logprobs == count
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(0, id="0"),
+        pytest.param(21, id="21"),
+        pytest.param(-1, id="negative"),
+        pytest.param(True, id="bool"),
+        pytest.param(3.0, id="float"),
+        pytest.param("3", id="string"),
+    ],
+)
+def test_top_logprobs_invalid(value: object) -> None:
+    error = rejected(with_parameters(return_logprobs=True, top_logprobs=value))
+    assert "parameters.top_logprobs" in error.message
+    assert error.request_id == REQUEST_ID
+
+
+@pytest.mark.parametrize("return_logprobs", [DROP, False])
+def test_top_logprobs_needs_return_logprobs(return_logprobs: object) -> None:
+    """Refused rather than implied, as in OpenAI's API, naming both fields."""
+    parameters: dict[str, object] = {"top_logprobs": 3, "return_logprobs": return_logprobs}
+    error = rejected(with_parameters(**{k: v for k, v in parameters.items() if v is not DROP}))
+    assert "parameters.top_logprobs" in error.message
+    assert "return_logprobs" in error.message
+    assert error.request_id == REQUEST_ID
+
+
 def test_max_new_tokens_bounded_by_limits() -> None:
     limits = JobLimits(max_new_tokens=100, default_max_new_tokens=10)
     job = parse(with_parameters(max_new_tokens=100), limits=limits)
@@ -594,6 +628,7 @@ def test_all_parameters_together() -> None:
         "skip_special_tokens": False,
         "stop_token_ids": [2, 7],
         "grammar": {"type": "regex", "value": "[a-z]+"},
+        "top_logprobs": 5,
     }
     job = parse(make_body(parameters=parameters))
     assert job.parameters.model_dump() == parameters

@@ -66,6 +66,23 @@ async def test_logprobs_are_top_k_dicts(gpu: FakeGpu) -> None:
     llm.shutdown()
 
 
+async def test_top_k_logprobs_per_sampler(gpu: FakeGpu) -> None:
+    """TorchSampler returns the top K of the log-softmax, ranks 1..K; TRTLLMSampler one
+    entry per token, the sampled token's at rank 1, whatever K (sampler.py @ 28edbcdb)."""
+    from tensorrt_llm import LLM, SamplingParams
+    from tensorrt_llm.executor.result import Logprob
+
+    params = SamplingParams(end_id=-1, max_tokens=1, logprobs=3, top_k=1)
+    torch = LLM("ckpt", skip_tokenizer_init=True, sampler_type="TorchSampler")
+    top = (await torch.generate_async([4], params)).outputs[0].logprobs
+    torch.shutdown()
+    assert top == [{4: Logprob(-0.5, rank=1), 5: Logprob(-1.5, rank=2), 6: Logprob(-2.5, rank=3)}]
+    trtllm = LLM("ckpt", skip_tokenizer_init=True, sampler_type="TRTLLMSampler")
+    own = (await trtllm.generate_async([4], params)).outputs[0].logprobs
+    trtllm.shutdown()
+    assert own == [{4: Logprob(-0.5, rank=1)}]
+
+
 async def test_abort_ends_with_cancelled(gpu: FakeGpu) -> None:
     from tensorrt_llm import LLM, SamplingParams
 

@@ -29,6 +29,17 @@ class TokenEvent(_Entry):
     token_id: int
     text: str
     logprob: float | None = None
+    """The token's log probability (with `return_logprobs`)."""
+    top_logprobs: list[tuple[int, float]] | None = None
+    """With `top_logprobs`: the most likely tokens at this position as
+    `(token_id, logprob)`, most likely first."""
+
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _top_json(cls, value: object) -> object:
+        if isinstance(value, str | bytes):
+            return json.loads(value)
+        return value
 
 
 class DoneEvent(_Entry):

@@ -20,6 +20,8 @@ MAX_STOP_SEQUENCES = 8
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 16
 MAX_MESSAGES = 256
+MAX_TOP_LOGPROBS = 20
+"""The most `top_logprobs` a job may ask for (OpenAI's bound too)."""
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -104,6 +106,8 @@ class Parameters(BaseModel):
         Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_STOP_TOKEN_IDS)] | None
     ) = None
     grammar: Grammar | None = None
+    top_logprobs: Annotated[int, Field(ge=1, le=MAX_TOP_LOGPROBS)] | None = None
+    """With `return_logprobs`: this many most likely tokens per generated token."""
 
 
 class Job(BaseModel):
@@ -236,6 +240,13 @@ def _check_limits(job: Job, limits: JobLimits) -> None:
     if params.min_new_tokens is not None and params.min_new_tokens > max_new:
         raise InvalidJob(
             f"parameters.min_new_tokens: must be at most max_new_tokens ({max_new})",
+            request_id=job.request_id,
+        )
+    if params.top_logprobs is not None and not params.return_logprobs:
+        # refused rather than implied, as OpenAI's API does: the entries would carry a
+        # field (`logprob`) the job did not ask for
+        raise InvalidJob(
+            "parameters.top_logprobs: needs parameters.return_logprobs true",
             request_id=job.request_id,
         )
 

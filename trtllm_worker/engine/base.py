@@ -20,6 +20,7 @@ __all__ = [
     "FinishReason",
     "Guide",
     "Sampling",
+    "TopLogprobs",
     "stop_ids",
 ]
 
@@ -69,6 +70,10 @@ class EngineRequest:
     ignore_eos: bool = False
     sampling: Sampling = field(default_factory=Sampling)
     return_logprobs: bool = False
+    top_logprobs: int = 0
+    """How many of the most likely tokens to return per generated token, each with its
+    log probability (0: none); only with `return_logprobs`, never more than the engine's
+    `EngineLimits.max_top_logprobs` (intake checks both)."""
     guide: Guide | None = None
     resumed_tokens: int = 0
     deadline: float | None = None
@@ -81,6 +86,10 @@ class EngineRequest:
     """The job's tenant: requests with different salts never share KV-cache blocks, so
     one tenant cannot learn another's prompts from cache timing. None: no tenant, no
     salt (such requests share blocks with each other only)."""
+
+
+TopLogprobs = Sequence[tuple[int, float]]
+"""One token's most likely tokens, `(token_id, logprob)`, most likely first."""
 
 
 def stop_ids(request: EngineRequest) -> list[int]:
@@ -102,6 +111,9 @@ class EngineOutput:
     logprobs: Sequence[float | None] | None = None
     finish: FinishReason | None = None
     error: str | None = None
+    top_logprobs: Sequence[TopLogprobs | None] | None = None
+    """Per token (with `EngineRequest.top_logprobs`): the most likely tokens as
+    `(token_id, logprob)`, most likely first; None where the engine gave none."""
 
     @property
     def final(self) -> bool:
@@ -131,6 +143,11 @@ class EngineLimits:
     ignored_parameters: dict[str, str] = field(default_factory=dict)
     """Job parameters the engine's sampler would accept and silently ignore, each with
     why: a job that sets one is refused."""
+    max_top_logprobs: int = 0
+    """How many top logprobs per token the engine can return (0: none): a job asking for
+    more is refused naming `top_logprobs`, rather than getting fewer or none."""
+    top_logprobs_why: str = "this engine cannot return them"
+    """Why it cannot return (more of) them, and what to change, for the refusal."""
 
 
 class Engine(Protocol):

@@ -4,7 +4,9 @@ tokens per step of `step_s` seconds (more than one: as with speculative decoding
 MTP, where TensorRT-LLM hands over several tokens per request per step), at most
 `capacity` of them at once (the rest wait). EOS ids,
 stop token ids, `min_new_tokens` and `max_new_tokens` end requests as a model's would;
-sampling parameters and guided decoding (checked at intake) are ignored."""
+sampling parameters and guided decoding (checked at intake) are ignored. Log
+probabilities are deterministic stand-ins: the generated token's is 0.0, and its top
+logprobs list it first, then the lowest other ids at -1.0, -2.0, ... (`echo_top`)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,24 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from trtllm_worker.contract.job import MAX_TOP_LOGPROBS
 from trtllm_worker.engine.base import (
     EngineLimits,
     EngineOutput,
     EngineRequest,
     EngineStats,
     FinishReason,
+    TopLogprobs,
 )
+
+
+def echo_top(token: int, k: int) -> TopLogprobs:
+    """The echo engine's top `k` for a generated `token`: the token itself first (log
+    probability 0.0, as its `logprob`), then ids 0, 1, 2, ... other than it at -1.0,
+    -2.0, ...: deterministic, distinct, most likely first, and within any vocabulary
+    of more than `MAX_TOP_LOGPROBS` tokens."""
+    others = [i for i in range(k) if i != token][: k - 1]
+    return [(token, 0.0), *((other, -float(rank)) for rank, other in enumerate(others, 1))]
 
 
 @dataclass(slots=True)
@@ -82,8 +95,8 @@ class EchoEngine:
 
     @property
     def limits(self) -> EngineLimits:
-        """None: the worker's own limits are the only ones."""
-        return EngineLimits()
+        """None: the worker's own limits are the only ones; every top logprobs count."""
+        return EngineLimits(max_top_logprobs=MAX_TOP_LOGPROBS)
 
     def enqueue(self, request: EngineRequest) -> None:
         self._waiting.append(request)
@@ -167,8 +180,13 @@ class EchoEngine:
         now = time.time()
         tokens = self._tokens_per_step
         for request_id, running in self._running.items():
-            # the common step, inline: one token that ends nothing
-            if tokens == 1 and not running.cancelled and running.request.deadline is None:
+            # the common step, inline: one token that ends nothing (and no top logprobs)
+            if (
+                tokens == 1
+                and not running.cancelled
+                and running.request.deadline is None
+                and not running.request.top_logprobs
+            ):
                 start = running.generated
                 token = running.source[start % len(running.source)]
                 if start + 1 < running.limit and token not in running.ends:
@@ -213,4 +231,7 @@ class EchoEngine:
         if finish is None and running.generated >= running.limit:
             finish = FinishReason.LENGTH
         logprobs = [0.0] * len(generated) if request.return_logprobs else None
-        return EngineOutput(request.id, generated, logprobs, finish)
+        output = EngineOutput(request.id, generated, logprobs, finish)
+        if request.top_logprobs:
+            output.top_logprobs = [echo_top(token, request.top_logprobs) for token in generated]
+        return output

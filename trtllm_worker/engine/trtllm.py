@@ -28,12 +28,14 @@ from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.job import MAX_TOP_LOGPROBS
 from trtllm_worker.engine.base import (
     EngineLimits,
     EngineOutput,
     EngineRequest,
     EngineStats,
     FinishReason,
+    TopLogprobs,
     stop_ids,
 )
 from trtllm_worker.tokenizer import TokenizerInfo
@@ -75,6 +77,23 @@ def ignored_parameters(sampler: str) -> dict[str, str]:
         "set WORKER_SAMPLER=TRTLLMSampler to use it"
     )
     return dict.fromkeys(TORCH_SAMPLER_IGNORES, why)
+
+
+def top_logprobs_limit(sampler: str) -> tuple[int, str]:
+    """How many top logprobs per token the sampler returns, and the refusal's reason.
+
+    1.2's TorchSampler (also what "auto" picks for beam width 1) returns the top K of the
+    log-softmax of the logits, before temperature and top-k/top-p, ranked 1..K
+    (`_torch/pyexecutor/sampler.py` @ 28edbcdb, `_process_requests` and
+    `handle_logprobs`); TRTLLMSampler returns one entry per token, the sampled token's
+    own log probability at rank 1, whatever K was asked (`update_requests_single_beam_
+    single_step` there)."""
+    if sampler == "TRTLLMSampler":
+        return 0, (
+            f"TensorRT-LLM 1.2's TRTLLMSampler (WORKER_SAMPLER={sampler}) returns only the "
+            "sampled token's log probability; set WORKER_SAMPLER=TorchSampler for them"
+        )
+    return MAX_TOP_LOGPROBS, f"at most {MAX_TOP_LOGPROBS}"
 
 
 def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
@@ -234,7 +253,8 @@ def sampling_params(request: EngineRequest) -> SamplingParams:
         repetition_penalty=sampling.repetition_penalty,
         presence_penalty=sampling.presence_penalty,
         frequency_penalty=sampling.frequency_penalty,
-        logprobs=1 if request.return_logprobs else None,
+        # K: TorchSampler's top K per token, which `logprob` is also read from
+        logprobs=max(request.top_logprobs, 1) if request.return_logprobs else None,
         detokenize=False,
     )
 
@@ -253,10 +273,13 @@ class LlmApiEngine:
         args = llm.args
         # what the built LLM really schedules and accepts, after extra options
         self._capacity = int(args.max_batch_size or 1)
+        max_top, top_why = top_logprobs_limit(str(args.sampler_type))
         self._limits = EngineLimits(
             max_seq_len=args.max_seq_len,
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
             ignored_parameters=ignored_parameters(str(args.sampler_type)),
+            max_top_logprobs=max_top,
+            top_logprobs_why=top_why,
         )
         self._takes_priority = takes_priority(llm)
         log_priority_support(self._takes_priority, args)
@@ -392,17 +415,21 @@ class LlmApiEngine:
                     continue
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids_diff)
-                logprobs = None
+                logprobs = tops = None
                 if request.return_logprobs:
                     logprobs = _logprobs(completion.logprobs_diff, tokens)
+                    if request.top_logprobs:
+                        tops = _top_logprobs(completion.logprobs_diff, request.top_logprobs)
                 if output.finished:
                     finish = _finish(
                         request, completion.finish_reason, completion.stop_reason, tokens
                     )
-                    emit(EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish)))
+                    emit(
+                        EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish), tops)
+                    )
                     return
                 if tokens:
-                    emit(EngineOutput(request.id, tokens, logprobs))
+                    emit(EngineOutput(request.id, tokens, logprobs, top_logprobs=tops))
             emit(EngineOutput(request.id, [], error="the stream ended without a final output"))
         except asyncio.CancelledError:
             raise
@@ -496,6 +523,30 @@ def _logprobs(diff: Any, tokens: list[int]) -> list[float | None] | None:
         else:
             values.append(float(entry))
     return values
+
+
+def _top_logprobs(diff: Any, k: int) -> list[TopLogprobs | None] | None:
+    """Per new token, its `k` most likely tokens from `logprobs_diff` (one mapping
+    token id → Logprob(logprob, rank) per token), ordered by rank (1 first). A mapping
+    may hold more than `k` (a release that adds the sampled token at its own rank): the
+    `k` best ranks are kept. A stop token trimmed from the output (`_finish` puts it
+    back) has no mapping: the list is one short, and that token's entry gets none."""
+    if not diff:
+        return None
+    tops: list[TopLogprobs | None] = []
+    for entry in diff:
+        if not isinstance(entry, dict):
+            tops.append(None)
+            continue
+        ranked = sorted(entry.items(), key=lambda item: _rank_key(item[1]))
+        tops.append([(int(token), float(lp.logprob)) for token, lp in ranked[:k]])
+    return tops
+
+
+def _rank_key(logprob: Any) -> tuple[float, float]:
+    """Sort key: the rank (1 first), then the higher log probability where none is given."""
+    rank = getattr(logprob, "rank", None)
+    return (float("inf") if rank is None else float(rank), -float(logprob.logprob))
 
 
 def _parse_stats(sample: Any) -> EngineStats:

@@ -127,6 +127,15 @@ def guided_decoding_config(
     )
 
 
+NO_TOP_LOGPROBS = (
+    "the C++ Executor returns only the sampled token's log probability "
+    "(OutputConfig.returnLogProbs, cpp/include/tensorrt_llm/executor/executor.h); "
+    "use WORKER_ENGINE=trtllm with WORKER_SAMPLER=TorchSampler for them"
+)
+"""Why the Executor refuses `top_logprobs`: its `OutputConfig` has one switch for log
+probabilities, and `Result.logProbs` holds one value per generated token."""
+
+
 def built_limits(settings: Settings, build: dict[str, Any]) -> tuple[int, EngineLimits]:
     """The engine's capacity and limits as `trtllm-build` fixed them (`build_config` of
     its `config.json`). WORKER_MAX_BATCH above the built batch size is refused: the
@@ -152,6 +161,8 @@ def built_limits(settings: Settings, build: dict[str, Any]) -> tuple[int, Engine
     return capacity, EngineLimits(
         max_seq_len=max_seq_len if isinstance(max_seq_len, int) else None,
         max_num_tokens=min(prompt_limits) if prompt_limits else None,
+        max_top_logprobs=0,
+        top_logprobs_why=NO_TOP_LOGPROBS,
     )
 
 
@@ -252,7 +263,7 @@ class ExecutorEngine:
     ) -> None:
         self._executor = executor
         self._capacity = capacity
-        self._limits = limits or EngineLimits()
+        self._limits = limits or EngineLimits(top_logprobs_why=NO_TOP_LOGPROBS)
         self._cancel_timeout_s = cancel_timeout_s
         self._by_executor_id: dict[int, EngineRequest] = {}
         self._executor_ids: dict[int, int] = {}

@@ -42,6 +42,7 @@ def prepare_input(
     for name, why in engine.ignored_parameters.items():
         if getattr(params, name) is not None:
             raise InvalidJob(f"parameters.{name}: {why}", request_id=job.request_id)
+    _check_top_logprobs(params.top_logprobs, engine, job.request_id)
     field = "inputs"
     if job.input_ids is not None:
         field = "input_ids"
@@ -87,6 +88,24 @@ def prepare_input(
     # The schema bounds max_new_tokens by WORKER_MAX_NEW_TOKENS and the check above the
     # prompt by WORKER_MAX_INPUT_TOKENS, so their sum is within the contract's total.
     return PreparedInput(ids, max_new, params.min_new_tokens or 0, frozenset(stop_ids), grammar)
+
+
+def _check_top_logprobs(wanted: int | None, limits: EngineLimits, request_id: str) -> None:
+    """A job asking for more top logprobs than the engine returns is refused: fewer (or
+    none) would look like a model that had no other candidates."""
+    if wanted is None or wanted <= limits.max_top_logprobs:
+        return
+    if limits.max_top_logprobs == 0:
+        raise InvalidJob(
+            f"parameters.top_logprobs: this engine cannot return top logprobs "
+            f"({limits.top_logprobs_why})",
+            request_id=request_id,
+        )
+    raise InvalidJob(
+        f"parameters.top_logprobs: {wanted} is more than this engine returns "
+        f"({limits.max_top_logprobs}; {limits.top_logprobs_why})",
+        request_id=request_id,
+    )
 
 
 def _check_engine_limits(

@@ -15,10 +15,10 @@ from tokenizers import Tokenizer
 
 from trtllm_worker.contract.errors import ENGINE_ERROR, INTERNAL_ERROR
 from trtllm_worker.contract.stream import Fields, FinishReason, entry_id, error_fields, lease_key
-from trtllm_worker.engine.base import EngineOutput
+from trtllm_worker.engine.base import EngineOutput, TopLogprobs
 from trtllm_worker.pipeline.detokenize import IncrementalDetokenizer, StopGate
 from trtllm_worker.streams.usage import UsageKeys
-from trtllm_worker.streams.wire import Entry, WriteBatch
+from trtllm_worker.streams.wire import Entry, WriteBatch, top_json
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class RequestState:
         "stop_token_ids",
         "tenant",
         "texts",
+        "top_logprobs",
     )
 
     def __init__(
@@ -81,6 +82,7 @@ class RequestState:
         stop_token_ids: frozenset[int] = frozenset(),
         skip_special_tokens: bool = True,
         return_logprobs: bool = False,
+        top_logprobs: int = 0,
         metadata_json: str | None = None,
         lease: str = "",
         tenant: str | None = None,
@@ -100,6 +102,8 @@ class RequestState:
         self.stop_token_ids = stop_token_ids
         self.end_ids = eos_ids | stop_token_ids
         self.return_logprobs = return_logprobs
+        self.top_logprobs = top_logprobs
+        """How many top logprobs its token entries carry (0: no such field)."""
         self.metadata_json = metadata_json
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
         self._gate = StopGate(stops, min_new_tokens)
@@ -195,6 +199,13 @@ class ProcessedBatch:
     @property
     def entry_count(self) -> int:
         return self.tokens + len(self.finished)
+
+
+def _tops(tops: Sequence[TopLogprobs | None] | None, count: int) -> list[str]:
+    """The first `count` tokens' top logprobs as compact JSON, '' where the engine
+    gave none."""
+    given = [top_json(pairs) for pairs in (tops or [])[:count]]
+    return given + [""] * (count - len(given))
 
 
 def _logprobs(logprobs: Sequence[float | None] | None, count: int) -> list[float | str]:
@@ -321,6 +332,7 @@ class OutputProcessor:
                         token_ids if taken == len(token_ids) else token_ids[:taken],
                         state.texts[before:],
                         _logprobs(output.logprobs, taken) if state.return_logprobs else None,
+                        _tops(output.top_logprobs, taken) if state.top_logprobs else None,
                     )
                 batch.tokens += taken
             if state.stopped:

@@ -2,10 +2,15 @@
 
 Token entries travel as columns in one MessagePack argument, without ids or field names
 (the script builds them): the worker makes no object per token and sends two values per
-token, and Redis parses one argument instead of several per token."""
+token, and Redis parses one argument instead of several per token.
+
+A part's code is `8 n + 4 (top logprobs follow) + 2 (logprobs follow) + 1 (a terminal
+entry follows)` for n token entries (`write.lua`)."""
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
@@ -15,6 +20,12 @@ from redis.crc import key_slot
 
 from trtllm_worker.contract.stream import TOKEN, Fields, entry_id, lease_key
 from trtllm_worker.streams.usage import NOT_COUNTED, UsageKeys
+
+PER_TOKEN = 8
+"""A part's code counts its token entries in steps of this (below: the flags)."""
+WITH_TOP = 4
+WITH_LOGPROBS = 2
+WITH_END = 1
 
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
@@ -77,22 +88,27 @@ class WriteBatch:
             call = self.calls[slot if self._cluster else 0] = ([], [])
         call[0].extend(keys)
         args = call[1]
-        args += (lease, seq, len(token_ids) * 4)
+        args += (lease, seq, len(token_ids) * PER_TOKEN)
         args += token_ids
         args += texts
 
     def tokens(
         self, args: list[Any], token_ids: Sequence[int], texts: Sequence[str],
         logprobs: Sequence[float | str] | None = None,
+        top_logprobs: Sequence[str] | None = None,
     ) -> None:  # fmt: skip
-        """The open part's token entries (logprobs: '' for none)."""
+        """The open part's token entries (logprobs: '' for none; top logprobs: each
+        token's as compact JSON, `top_json`, '' for none)."""
         args += token_ids
         args += texts
-        if logprobs is None:
-            args[self._code_at] = len(token_ids) * 4
-        else:
+        code = len(token_ids) * PER_TOKEN
+        if logprobs is not None:
             args += logprobs
-            args[self._code_at] = len(token_ids) * 4 + 2
+            code += WITH_LOGPROBS
+        if top_logprobs is not None:
+            args += top_logprobs
+            code += WITH_TOP
+        args[self._code_at] = code
 
     def end(
         self,
@@ -104,7 +120,7 @@ class WriteBatch:
     ) -> None:
         """The open part's terminal entry (`seq_id` AFTER_TAIL: after the stream's tail),
         which counts the job's usage under `tenant` when it is stored."""
-        args[self._code_at] += 1
+        args[self._code_at] += WITH_END
         self.ended.append(self._key)
         args += (seq_id, len(fields), *chain.from_iterable(fields.items()))
         if self._usage is None:
@@ -120,9 +136,10 @@ class WriteBatch:
             a = 0
             for k in range(0, len(keys), 2):
                 code = int(args[a + 2])
-                count = code // 4
-                end = a + 3 + (3 if code & 2 else 2) * count
-                if code & 1:
+                count = code // PER_TOKEN
+                columns = 2 + bool(code & WITH_LOGPROBS) + bool(code & WITH_TOP)
+                end = a + 3 + columns * count
+                if code & WITH_END:
                     end += 2 + 2 * int(args[end + 1]) + len(NOT_COUNTED)
                 one = streams.get(keys[k])
                 if one is None:
@@ -130,7 +147,7 @@ class WriteBatch:
                 call = one.calls.setdefault(slot, ([], []))
                 call[0].extend(keys[k : k + 2])
                 call[1].extend(args[a:end])
-                if code & 1:
+                if code & WITH_END:
                     one.ended.append(keys[k])
                 a = end
         return list(streams.items())
@@ -143,20 +160,24 @@ class WriteBatch:
             a = 0
             for key in keys[::2]:
                 seq, code = int(args[a + 1]), int(args[a + 2])
-                count, a = code // 4, a + 3
+                count, a = code // PER_TOKEN, a + 3
                 ids, texts = args[a : a + count], args[a + count : a + 2 * count]
                 a += 2 * count
-                logprobs = [""] * count
-                if code & 2:
+                logprobs = tops = [""] * count
+                if code & WITH_LOGPROBS:
                     logprobs, a = args[a : a + count], a + count
+                if code & WITH_TOP:
+                    tops, a = args[a : a + count], a + count
                 for k in range(count):
                     fields: Fields = {
                         "event": TOKEN, "index": seq - 1 + k, "token_id": ids[k], "text": texts[k]
                     }  # fmt: skip
                     if logprobs[k] != "":
                         fields["logprob"] = float(logprobs[k])
+                    if tops[k] != "":
+                        fields["top_logprobs"] = tops[k]
                     stored.append((key, entry_id(seq + k), fields))
-                if code & 1:
+                if code & WITH_END:
                     seq_id, nfields = args[a], int(args[a + 1])
                     flat = args[a + 2 : a + 2 + 2 * nfields]
                     stored.append((key, seq_id, dict(zip(flat[::2], flat[1::2], strict=True))))
@@ -179,13 +200,17 @@ class WriteBatch:
         `input_tokens` its fields give."""
         batch = cls(cluster=cluster, usage=usage)
         open_part: tuple[str, list[Any], int] | None = None  # key, args, next seq
-        pending: list[tuple[int, str, float | str]] = []
+        pending: list[tuple[int, str, float | str, str]] = []
 
         def flush() -> None:
             if open_part is not None and pending:
-                ids, texts, logprobs = (list(column) for column in zip(*pending, strict=True))
+                ids, texts, logprobs, tops = (list(c) for c in zip(*pending, strict=True))
                 with_logprobs = any(logprob != "" for logprob in logprobs)
-                batch.tokens(open_part[1], ids, texts, logprobs if with_logprobs else None)
+                with_tops = any(top != "" for top in tops)
+                batch.tokens(
+                    open_part[1], ids, texts,
+                    logprobs if with_logprobs else None, tops if with_tops else None,
+                )  # fmt: skip
             pending.clear()
 
         for key, seq_id, fields in entries:
@@ -201,7 +226,12 @@ class WriteBatch:
                 open_part = (key, args, seq)
             if fields["event"] == TOKEN:
                 pending.append(
-                    (int(fields["token_id"]), str(fields["text"]), fields.get("logprob", ""))
+                    (
+                        int(fields["token_id"]),
+                        str(fields["text"]),
+                        fields.get("logprob", ""),
+                        str(fields.get("top_logprobs", "")),
+                    )
                 )
                 open_part = (key, open_part[1], seq + 1)
             else:
@@ -211,3 +241,14 @@ class WriteBatch:
                 open_part = None
         flush()
         return batch
+
+
+def top_json(pairs: Sequence[tuple[int, float]] | None) -> str:
+    """One token's top logprobs as the entry's `top_logprobs` field: compact JSON
+    `[[id,logprob],...]` (floats as their shortest round-tripping text); '' for none.
+    A pair whose log probability is not finite (-inf: a token the model ruled out) is
+    left out: JSON has no such number, and it is no likely token."""
+    if pairs is None:
+        return ""
+    finite = [[int(t), float(lp)] for t, lp in pairs if math.isfinite(lp)]
+    return json.dumps(finite, separators=(",", ":"))

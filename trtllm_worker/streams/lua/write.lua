@@ -5,8 +5,9 @@
 --
 -- ARGV[1]: the TTL of a finished stream; ARGV[2]: one MessagePack array holding, per
 -- part: lease token ('': the caller holds none), the seq of its first token entry, a
--- code (4 n + 2 when logprobs follow + 1 when a terminal entry follows), then n token
--- ids, n texts, (n logprobs, '' for none), then (the terminal entry) its id ('': after
+-- code (8 n + 4 when top logprobs follow + 2 when logprobs follow + 1 when a terminal
+-- entry follows), then n token ids, n texts, (n logprobs, '' for none), (n top logprobs
+-- as JSON text, '' for none), then (the terminal entry) its id ('': after
 -- the tail, unless the stream has ended already), the number of fields, field, value, ...,
 -- then its usage: the usage key ('': not counted), its TTL, the tenant, the input tokens.
 -- Token entry k (from 0) gets id 0-<seq + k> and index seq + k - 1.
@@ -95,11 +96,13 @@ local a = 1
 for s = 1, #K, 2 do
   local stream, lease, token = K[s], K[s + 1], argv[a]
   local seq, code = tonumber(argv[a + 1]), tonumber(argv[a + 2])
-  local count = math.floor(code / 4)
+  local count = math.floor(code / 8)
+  local with_top = code % 8 >= 4
   local with_logprobs = code % 4 >= 2
   local has_end = code % 2 == 1
   local ids, texts = a + 3, a + 3 + count
-  local after = texts + (with_logprobs and 2 or 1) * count
+  local tops = texts + (with_logprobs and 2 or 1) * count
+  local after = tops + (with_top and 1 or 0) * count
   local nfields = has_end and tonumber(argv[after + 1]) or 0
   a = has_end and after + 2 + nfields * 2 + 4 or after
   local first = nil
@@ -117,13 +120,22 @@ for s = 1, #K, 2 do
     for k = 0, count - 1 do
       local ok
       local logprob = with_logprobs and argv[texts + count + k] or ''
-      if logprob == '' then
+      local top = with_top and argv[tops + k] or ''
+      if logprob == '' and top == '' then
         ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
           'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k])
       else
-        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), 'event', 'token',
-          'index', seq + k - 1, 'token_id', argv[ids + k], 'text', argv[texts + k],
-          'logprob', logprob)
+        local fields = {'event', 'token', 'index', seq + k - 1, 'token_id', argv[ids + k],
+          'text', argv[texts + k]}
+        if logprob ~= '' then
+          fields[#fields + 1] = 'logprob'
+          fields[#fields + 1] = logprob
+        end
+        if top ~= '' then
+          fields[#fields + 1] = 'top_logprobs'
+          fields[#fields + 1] = top
+        end
+        ok = redis.pcall('XADD', stream, '0-' .. (seq + k), unpack(fields))
       end
       ok = stored(ok)
       if type(ok) == 'string' then result = ok break end

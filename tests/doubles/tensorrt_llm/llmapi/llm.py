@@ -309,10 +309,13 @@ class LLM:
         its top k (sampler.py, _process_requests / handle_logprobs @ 28edbcdb): under
         sampling the sampled token need not be among them, and the fake model's
         distribution puts another token first (token + 1000). TRTLLMSampler returns
-        the sampled token's own log probability, rank 1."""
+        one entry per token whatever k, the sampled token's own log probability at rank
+        1 (sampler.py @ 28edbcdb, TRTLLMSampler.update_requests_single_beam_single_step)."""
         lp = self._gpu.logprob
         torch_sampler = self.args.sampler_type != "TRTLLMSampler"
-        shift = 1000 if torch_sampler and not params._greedy_decoding else 0
+        if not torch_sampler:
+            return [{t: Logprob(lp, rank=1)} for t in tokens]
+        shift = 0 if params._greedy_decoding else 1000
         return [{t + shift + i: Logprob(lp - i, rank=i + 1) for i in range(k)} for t in tokens]
 
     def _emit(self, result: RequestOutput, job: Job, step: Step) -> None:
