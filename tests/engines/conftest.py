@@ -23,9 +23,9 @@ POISON = FakeGpu.POISON_TOKEN
 EngineFactory = Callable[..., Engine]
 
 
-def install_double(monkeypatch: pytest.MonkeyPatch, version: str = "1.2.1") -> FakeGpu:
-    """The double installed as `tensorrt_llm` (imitating `version`); adapter modules
-    re-imported against it."""
+def install_double(monkeypatch: pytest.MonkeyPatch, version: str | None = None) -> FakeGpu:
+    """The double installed as `tensorrt_llm` (imitating `version`, or the level
+    TRTLLM_DOUBLE_RELEASE names); adapter modules re-imported against it."""
     fake = install_tensorrt_llm(monkeypatch, version)
     for name in ("trtllm_worker.engine.trtllm", "trtllm_worker.engine.trtllm_executor"):
         monkeypatch.delitem(sys.modules, name, raising=False)

@@ -4,7 +4,7 @@ from tests.doubles import fake_gpu
 
 from . import bindings as bindings
 from .llmapi import LLM
-from .sampling_params import SamplingParams
+from .executor.params.sampling import SamplingParams
 
 __version__ = fake_gpu.current().version  # "1.2.1" unless installed as another release
 

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeAlias
 
 from ..bindings.executor import FinishReason
 from ..llmapi.utils import AsyncQueue, _SyncQueue
-from ..sampling_params import SamplingParams
+from ..executor.params.sampling import SamplingParams
 from .utils import RequestError, has_event_loop
 
 __all__ = ["CompletionOutput", "GenerationResult", "IterationResult", "Logprob"]
