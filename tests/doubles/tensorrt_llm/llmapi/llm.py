@@ -14,7 +14,7 @@ from tests.doubles import fake_gpu
 from tests.doubles.fake_gpu import IterStats, Job, Step
 
 from ..bindings.executor import FinishReason, IterationStats
-from ..executor.utils import RequestError
+from ..executor.params.sampling import SamplingParams
 from ..executor.result import (
     GenerationResult,
     IterationResult,
@@ -23,8 +23,8 @@ from ..executor.result import (
     _LlmResponse,
     _PyResult,
 )
+from ..executor.utils import RequestError
 from ..llmapi.utils import AsyncQueue
-from ..executor.params.sampling import SamplingParams
 from .llm_args import TorchLlmArgs
 
 __all__ = ["LLM", "RequestOutput"]

@@ -9,7 +9,7 @@
 # are accepted, not modelled.
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -19,7 +19,7 @@ from tests.doubles import fake_gpu
 _LINE_1_4 = fake_gpu.line() >= (1, 4)
 
 
-class WaitingQueuePolicy(str, Enum):
+class WaitingQueuePolicy(StrEnum):
     """llm_args.py @ 1f064c46 (a StrEnum there): "fcfs", or "priority" (higher
     request.priority first, ties FCFS). PR #12362 (1.3) brought it; 1.2 has none."""
 
@@ -99,7 +99,7 @@ _KvCacheConfig14: type[BaseModel] = create_model(  # type: ignore[call-overload]
     **{name: (Any, None) for name in _KV_CACHE_1_4_ONLY},
 )
 
-KvCacheConfig: type[BaseModel] = _KvCacheConfig14 if _LINE_1_4 else _KvCacheConfig12
+KvCacheConfig: type[_KvCacheConfigFields] = _KvCacheConfig14 if _LINE_1_4 else _KvCacheConfig12
 
 
 class _ModelledArgs(BaseModel):
@@ -303,4 +303,4 @@ _TorchLlmArgs14: type[BaseModel] = create_model(  # type: ignore[call-overload]
     **{name: (Any, None) for name in _TORCH_1_4_UNMODELLED},
 )
 
-TorchLlmArgs: type[BaseModel] = _TorchLlmArgs14 if _LINE_1_4 else _TorchLlmArgs12
+TorchLlmArgs: Any = _TorchLlmArgs14 if _LINE_1_4 else _TorchLlmArgs12
