@@ -238,12 +238,13 @@ class FakeGpu:
         the engine queues the rest on its own, as under KV-cache pressure."""
         self.version = "1.2.1"
         """The TensorRT-LLM release the double imitates, fixed when it is installed
-        (`install_tensorrt_llm(version=...)`): "1.2.x", or "1.4.x" for the later
-        `generate_async` shape with `priority`."""
+        (`install_tensorrt_llm(version=...)` or TRTLLM_DOUBLE_RELEASE): "1.2.x", or
+        "1.4.x" for the 1.4 line (tests/doubles/__init__.py)."""
         # Everything the doubles received, in order (real objects of the double's classes).
         self.llm_kwargs: list[dict[str, Any]] = []
         self.submit_options: list[dict[str, Any]] = []
-        """Per `LLM.generate_async` call: the `cache_salt` it got and, on 1.4, `priority`."""
+        """Per `LLM.generate_async` call: the `cache_salt` it got and, on 1.4, `priority`
+        and `trace_headers`."""
         self.sampling_params: list[Any] = []
         self.requests: list[Any] = []
         self.executor_configs: list[Any] = []
@@ -277,6 +278,17 @@ class FakeGpu:
         self.death_message = message
         for listener in self._kill_listeners:
             listener()
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a release string such as "1.2.1" or "1.4.0rc1"."""
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def line() -> tuple[int, int]:
+    """(major, minor) of the release the installed double imitates."""
+    return release(current().version)
 
 
 _current: FakeGpu | None = None

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import trtllm_worker.engine
-from tests.doubles import FakeGpu, install_tensorrt_llm
+from tests.doubles import FakeGpu, install_tensorrt_llm, release
 from trtllm_worker.config import Settings
 from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest
 from trtllm_worker.engine.echo import EchoEngine
@@ -23,9 +23,9 @@ POISON = FakeGpu.POISON_TOKEN
 EngineFactory = Callable[..., Engine]
 
 
-def install_double(monkeypatch: pytest.MonkeyPatch, version: str = "1.2.1") -> FakeGpu:
-    """The double installed as `tensorrt_llm` (imitating `version`); adapter modules
-    re-imported against it."""
+def install_double(monkeypatch: pytest.MonkeyPatch, version: str | None = None) -> FakeGpu:
+    """The double installed as `tensorrt_llm` (imitating `version`, or the level
+    TRTLLM_DOUBLE_RELEASE names); adapter modules re-imported against it."""
     fake = install_tensorrt_llm(monkeypatch, version)
     for name in ("trtllm_worker.engine.trtllm", "trtllm_worker.engine.trtllm_executor"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -35,9 +35,24 @@ def install_double(monkeypatch: pytest.MonkeyPatch, version: str = "1.2.1") -> F
     return fake
 
 
+EXECUTOR_ABSENT = (
+    "TensorRT-LLM {version} has no C++ Executor (PR #16369): the trtllm-executor adapter is "
+    "for 1.2 and earlier (test_executor_adapter_stops_without_an_executor holds its refusal)"
+)
+
+
+def skip_executor_without_executor(kind: str, gpu: FakeGpu) -> None:
+    """The Executor adapter's tests run on the 1.2 level only."""
+    if kind == "trtllm-executor" and release(gpu.version) >= (1, 4):
+        pytest.skip(EXECUTOR_ABSENT.format(version=gpu.version))
+
+
 @pytest.fixture
-def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
-    return install_double(monkeypatch)
+def gpu(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> FakeGpu:
+    """The double at the test's `release` mark, else at the level TRTLLM_DOUBLE_RELEASE
+    names (`make test` runs tests/engines at both)."""
+    marker = request.node.get_closest_marker("release")
+    return install_double(monkeypatch, marker.args[0] if marker else None)
 
 
 def trtllm_settings(tmp_path: Path, engine: str, **overrides: Any) -> Settings:
@@ -88,6 +103,7 @@ def make_engine(
     engines: list[Engine] = []
     if kind != "echo":
         gpu = install_double(monkeypatch)
+        skip_executor_without_executor(kind, gpu)
         gpu.step_s = 0.001
         gpu.tokens_per_step = 3 if variant else 1
 

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from tests.doubles import FakeGpu
-from tests.engines.conftest import collect, create_trtllm, drive, tokens_of, trtllm_settings
+from tests.engines.conftest import (
+    collect,
+    create_trtllm,
+    drive,
+    install_double,
+    skip_executor_without_executor,
+    tokens_of,
+    trtllm_settings,
+)
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.engine.base import Engine, EngineOutput, EngineRequest, FinishReason, Sampling
 
@@ -41,6 +49,7 @@ def test_a_cancel_of_a_request_the_engine_queued_ends_it(
     """The engine queues on its own (KV-cache pressure: one request at a time) while
     the worker counts two running. The queued one's cancel ends its stream, cancelled
     and without tokens, within the cancel timeout; the slot is free again."""
+    skip_executor_without_executor(kind, gpu)
     gpu.step_s = 0.002
     gpu.kv_cache_requests = 1
     engine = create_trtllm(trtllm_settings(tmp_path, kind, engine_cancel_timeout_s=0.3))
@@ -74,6 +83,7 @@ def test_a_running_request_ends_by_the_engines_own_answer(
 ) -> None:
     """With a long cancel timeout, a running request still ends at once: the engine's
     final `cancelled` output, not the adapter's timer."""
+    skip_executor_without_executor(kind, gpu)
     gpu.step_s = 0.002
     engine = create_trtllm(trtllm_settings(tmp_path, kind, engine_cancel_timeout_s=600))
     try:
@@ -113,16 +123,27 @@ def test_llm_api_statistics_never_block_and_read_zero_when_idle(
     assert busy.kv_cache_max_blocks == gpu.max_num_blocks
 
 
-def test_the_default_sampler_honours_seed_and_penalties(gpu: FakeGpu, tmp_path: Path) -> None:
+@pytest.fixture
+def gpu_1_2(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    """The double as 1.2.1, whatever TRTLLM_DOUBLE_RELEASE says: WORKER_SAMPLER's 1.2 role."""
+    return install_double(monkeypatch, "1.2.1")
+
+
+@pytest.fixture
+def gpu_1_4(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    return install_double(monkeypatch, "1.4.0rc1")
+
+
+def test_the_default_sampler_honours_seed_and_penalties(gpu_1_2: FakeGpu, tmp_path: Path) -> None:
     engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
     engine.shutdown()
-    assert gpu.llm_kwargs[-1]["sampler_type"] == "TRTLLMSampler"
+    assert gpu_1_2.llm_kwargs[-1]["sampler_type"] == "TRTLLMSampler"
     assert engine.limits.ignored_parameters == {}
 
 
 @pytest.mark.parametrize("sampler", ["TorchSampler", "auto"])
 def test_torch_sampler_parameters_it_ignores_are_refused(
-    gpu: FakeGpu, tmp_path: Path, sampler: str
+    gpu_1_2: FakeGpu, tmp_path: Path, sampler: str
 ) -> None:
     """1.2's TorchSampler accepts seed and the penalties and ignores them: jobs giving
     them are refused at intake (see test_inputs.py), each naming why."""
@@ -138,7 +159,7 @@ def test_torch_sampler_parameters_it_ignores_are_refused(
     assert f"WORKER_SAMPLER={sampler}" in ignored["seed"]
 
 
-def test_a_sampler_in_the_extra_options_must_agree(gpu: FakeGpu, tmp_path: Path) -> None:
+def test_a_sampler_in_the_extra_options_must_agree(gpu_1_2: FakeGpu, tmp_path: Path) -> None:
     extra = tmp_path / "extra.json"
     extra.write_text('{"sampler_type": "TorchSampler"}')
     with pytest.raises(ConfigError, match="sampler_type: TorchSampler, but WORKER_SAMPLER"):
@@ -149,7 +170,7 @@ def test_a_sampler_in_the_extra_options_must_agree(gpu: FakeGpu, tmp_path: Path)
     ("sampler", "published"), [("TRTLLMSampler", True), ("TorchSampler", False)]
 )
 def test_logprob_is_the_sampled_tokens_own_or_absent(
-    gpu: FakeGpu, tmp_path: Path, sampler: str, published: bool
+    gpu_1_2: FakeGpu, tmp_path: Path, sampler: str, published: bool
 ) -> None:
     """Under sampling, TorchSampler's top-1 log probability is the most likely token's,
     not the sampled one's: the adapter publishes none rather than a wrong one."""
@@ -168,7 +189,7 @@ def test_logprob_is_the_sampled_tokens_own_or_absent(
     logprobs = [p for o in outputs for p in (o.logprobs or [])]
     assert len(logprobs) == 4
     if published:
-        assert all(p == gpu.logprob for p in logprobs)
+        assert all(p == gpu_1_2.logprob for p in logprobs)
     else:
         assert logprobs == [None] * 4
 
@@ -249,3 +270,27 @@ def test_llm_api_top_logprobs_are_ordered_by_rank_and_cut_at_k(gpu: FakeGpu) -> 
     diff = [{9: Logprob(-3.0, rank=57), 7: Logprob(-1.0, rank=2), 8: Logprob(-0.5, rank=1)}]
     assert _top_logprobs(diff, 2) == [[(8, -0.5), (7, -1.0)]]
     assert _top_logprobs([], 2) is None
+
+
+def test_on_1_4_the_deprecated_sampler_type_is_not_passed_by_default(
+    gpu_1_4: FakeGpu, tmp_path: Path
+) -> None:
+    """1.4 deprecates sampler_type (TorchSampler is the default, llm_args.py @ 1f064c46)
+    and its TorchSampler applies the penalties (PR #16485): only a seed is refused, as
+    it is honoured only for a request sampled alone (PR #17172's seed_manager.py)."""
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
+    engine.shutdown()
+    assert "sampler_type" not in gpu_1_4.llm_kwargs[-1]
+    assert sorted(engine.limits.ignored_parameters) == ["seed"]
+    assert "sampled alone" in engine.limits.ignored_parameters["seed"]
+
+
+def test_on_1_4_a_sampler_the_operator_sets_is_passed_with_a_warning(
+    gpu_1_4: FakeGpu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="trtllm_worker.engine.trtllm"):
+        engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TRTLLMSampler"))
+        engine.shutdown()
+    assert gpu_1_4.llm_kwargs[-1]["sampler_type"] == "TRTLLMSampler"
+    assert engine.limits.ignored_parameters == {}
+    assert any("sampler_type is deprecated" in r.getMessage() for r in caplog.records)

@@ -184,6 +184,7 @@ def test_llm_api_bad_extra_options_is_one_line(gpu: FakeGpu, tmp_path: Path) -> 
 # -- Executor ------------------------------------------------------------------------------
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_request(gpu: FakeGpu, tmp_path: Path) -> None:
     deadline = time.time() + 30
     with running(trtllm_settings(tmp_path, "trtllm-executor")) as engine:
@@ -202,6 +203,7 @@ def test_executor_request(gpu: FakeGpu, tmp_path: Path) -> None:
     assert timedelta(seconds=25) < sent.allotted_time_ms <= timedelta(seconds=30)
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_greedy_and_ignore_eos(gpu: FakeGpu, tmp_path: Path) -> None:
     greedy = Sampling(do_sample=False, temperature=0.7)
     with running(trtllm_settings(tmp_path, "trtllm-executor")) as engine:
@@ -213,6 +215,7 @@ def test_executor_greedy_and_ignore_eos(gpu: FakeGpu, tmp_path: Path) -> None:
     assert sent.stop_words is None
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [("guaranteed_no_evict", "GUARANTEED_NO_EVICT"), ("max_utilization", "MAX_UTILIZATION")],
@@ -239,6 +242,7 @@ def test_executor_config_from_settings(
     assert config.parallel_config is None  # one rank: leader mode in this process
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_several_ranks_use_orchestrator_mode(gpu: FakeGpu, tmp_path: Path) -> None:
     worker_binary = tmp_path / "executorWorker"
     settings = trtllm_settings(
@@ -252,6 +256,7 @@ def test_executor_several_ranks_use_orchestrator_mode(gpu: FakeGpu, tmp_path: Pa
     assert parallel.orchestrator_config.worker_executable_path == str(worker_binary)
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_unreadable_engine_dir_is_one_line(gpu: FakeGpu, tmp_path: Path) -> None:
     settings = trtllm_settings(tmp_path, "trtllm-executor")
     assert settings.engine_dir is not None
@@ -325,6 +330,7 @@ def test_llm_api_guided_decoding_backend_setting(
     assert kwargs.get("guided_decoding_backend") == (None if backend == "none" else backend)
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_stop_words_and_guided_decoding(gpu: FakeGpu, tmp_path: Path) -> None:
     with running(trtllm_settings(tmp_path, "trtllm-executor")) as engine:
         drive(engine, [full_request(1, stop_token_ids=frozenset({5}), guide=JSON_GUIDE)])
@@ -346,12 +352,14 @@ def test_executor_stop_words_and_guided_decoding(gpu: FakeGpu, tmp_path: Path) -
     assert json.loads(config.tokenizer_str)["model"]["type"] == "BPE"
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_refuses_llguidance_at_start(gpu: FakeGpu, tmp_path: Path) -> None:
     settings = trtllm_settings(tmp_path, "trtllm-executor", guided_decoding="llguidance")
     with pytest.raises(ConfigError, match=r"WORKER_GUIDED_DECODING.*trtllm-executor"):
         create_trtllm(settings)
 
 
+@pytest.mark.release("1.2.1")  # the C++ Executor: 1.2 and earlier
 def test_executor_without_guided_decoding_fails_a_guided_request(
     gpu: FakeGpu, tmp_path: Path
 ) -> None:

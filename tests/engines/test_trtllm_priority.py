@@ -18,6 +18,13 @@ LOGGER = "trtllm_worker.engine.trtllm"
 
 
 @pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
+    """The double as TensorRT-LLM 1.2.1 whatever TRTLLM_DOUBLE_RELEASE says: the tests
+    here that use it are about 1.2 or about the C++ Executor (1.2 and earlier only)."""
+    return install_double(monkeypatch, "1.2.1")
+
+
+@pytest.fixture
 def gpu_1_4(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     """The double as TensorRT-LLM 1.4: `generate_async(..., priority=0.5)`."""
     return install_double(monkeypatch, "1.4.0")
@@ -87,11 +94,35 @@ def test_llm_api_says_once_that_1_2_takes_no_priority(
     assert "takes no priority" in said[0]
 
 
+def test_llm_api_builds_the_llm_with_the_priority_queue_on_1_4(
+    gpu_1_4: FakeGpu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without it the engine's FCFS queue would ignore every priority the worker passes."""
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm")).shutdown()
+    scheduler = gpu_1_4.llm_kwargs[-1]["scheduler_config"]
+    assert scheduler.waiting_queue_policy.value == "priority"
+    said = [r for r in caplog.records if "job priorities" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].levelno == logging.INFO
+    assert "waiting-queue policy priority" in said[0].getMessage()
+
+
+def test_llm_api_on_1_2_sets_no_scheduler_config(gpu: FakeGpu, tmp_path: Path) -> None:
+    """1.2 takes no priority: its scheduler is left as the operator configured it."""
+    create_trtllm(trtllm_settings(tmp_path, "trtllm")).shutdown()
+    assert "scheduler_config" not in gpu.llm_kwargs[-1]
+
+
 def test_llm_api_warns_that_fcfs_ignores_priorities(
     gpu_1_4: FakeGpu, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """An extra-options file that sets its own scheduler_config keeps it, FCFS included."""
+    extra = tmp_path / "llm.json"
+    extra.write_text(json.dumps({"scheduler_config": {"waiting_queue_policy": "fcfs"}}))
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        create_trtllm(trtllm_settings(tmp_path, "trtllm")).shutdown()
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", llm_extra_options=extra)).shutdown()
+    assert gpu_1_4.llm_kwargs[-1]["scheduler_config"] == {"waiting_queue_policy": "fcfs"}
     said = [r for r in caplog.records if "job priorities" in r.getMessage()]
     assert len(said) == 1
     assert said[0].levelno == logging.WARNING

@@ -103,3 +103,15 @@ def test_a_failed_job_is_an_error_span_and_a_message_in_the_future_starts_at_rec
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description == "max_new_tokens: too many"
     assert span.start_time <= span.events[0].timestamp  # a producer's clock ahead is clamped
+
+
+def test_the_trace_context_handed_to_the_engine_is_the_messages_w3c_headers() -> None:
+    """Only traceparent and tracestate, only when traces are on and the message has one."""
+    from trtllm_worker.ops.tracing import begin_trace, trace_context
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    headers = {"traceparent": parent, "tracestate": b"vendor=1", "x-other": "no"}
+    trace = begin_trace(headers, None, 0.0, "jobs", None)
+    assert trace_context(trace) == {"traceparent": parent, "tracestate": "vendor=1"}
+    assert trace_context(None) is None
+    assert trace_context(begin_trace({"x-other": "no"}, None, 0.0, "jobs", None)) is None

@@ -7,7 +7,12 @@ real LLM would refuse is refused by it too. The lists are copied from NVIDIA/Ten
   the nearest to the 1.2 release whose file could be read here (the v1.2.0 tag's copy
   could not: see the README's GPU section); private attributes left out.
 - `SamplingParams`: `tensorrt_llm/sampling_params.py` at the 1.2.0rc2 tag,
-  b35ac1b64368513d215c57d2ed01d62d910df8da; its init fields, private ones left out."""
+  b35ac1b64368513d215c57d2ed01d62d910df8da; its init fields, private ones left out.
+- The 1.4 line: `TorchLlmArgs` (with `BaseLlmArgs`'s fields) and `KvCacheConfig` from
+  `tensorrt_llm/llmapi/llm_args.py` at 1f064c467a211b4168555ca06bb9b801c64eae20 (1.4-era
+  main, after PRs #15918 and #16369; the 1.4.0rc1 tag could not be read). The 1.4
+  `SamplingParams` (executor/params/sampling.py, with `logprobs_mode` and more) is not
+  modelled: its test runs on 1.2 only."""
 
 from __future__ import annotations
 
@@ -175,32 +180,139 @@ SAMPLING_PARAMS = [
 ]
 
 
+GONE_IN_1_4 = {
+    "disable_flashinfer_sampling",
+    "enable_sleep",
+    "fail_fast_on_attention_window_too_large",
+}
+NEW_IN_1_4 = {
+    "custom_tokenizer",
+    "disable_mm_encoder",
+    "dwdp_config",
+    "enable_early_first_token_response",
+    "enable_encoder_decoder_mixed_cuda_graph",
+    "enable_energy_metrics",
+    "enable_low_latency_host_dispatch",
+    "enable_resource_governor",
+    "enable_speculative_beam_history_d2h",
+    "encode_only",
+    "encoder_cuda_graph_config",
+    "encoder_max_batch_size",
+    "encoder_max_num_tokens",
+    "generation_config",
+    "gms_config",
+    "kv_cache_compression_config",
+    "layer_wise_benchmarks_config",
+    "max_stats_len",
+    "model_kwargs",
+    "multimodal_config",
+    "mx_config",
+    "num_serve_frontends",
+    "perf_metrics_output_dir",
+    "post_processor_hook",
+    "prometheus_metrics_config",
+    "ray_worker_nsight_options",
+    "reorder_policy_config",
+    "sleep_config",
+    "telemetry_config",
+    "use_cute_dsl_bf16_bmm",
+    "use_cute_dsl_bf16_gemm",
+    "use_cute_dsl_blockscaling_bmm",
+    "use_cute_dsl_blockscaling_mm",
+}
+TORCH_LLM_ARGS_1_4 = sorted((set(TORCH_LLM_ARGS) - GONE_IN_1_4) | NEW_IN_1_4)
+"""The 1.4 list, written as its difference from 1.2's: 111 fields at 1f064c46."""
+
+KV_CACHE_CONFIG_1_4 = sorted(
+    (set(KV_CACHE_CONFIG) - {"onboard_blocks"})
+    | {
+        "avg_seq_len",
+        "block_reuse_config",
+        "disk_cache_path",
+        "disk_cache_size",
+        "disk_prefetch_num_reqs",
+        "enable_kv_pool_rebalance",
+        "enable_swa_scratch_reuse",
+        "fp8_context_mla_kv_len_cap",
+        "iteration_stats_interval",
+        "kv_cache_event_hash_algo",
+        "mamba_ssm_philox_rounds",
+        "mamba_ssm_stochastic_rounding",
+        "mamba_state_cache_interval",
+        "mamba_state_config",
+        "max_util_for_resume",
+        "pool_ratio",
+        "use_kv_cache_manager_v2",
+    }
+)
+
+SCHEDULER_CONFIG_1_4 = [
+    "capacity_scheduler_policy",
+    "context_chunking_policy",
+    "dynamic_batch_config",
+    "enable_prefix_aware_scheduling",
+    "use_python_scheduler",
+    "waiting_queue_policy",
+]
+
+LINES = [pytest.param("1.2.1", id="1.2"), pytest.param("1.4.0rc1", id="1.4")]
+
+
 @pytest.fixture
 def gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     return install_tensorrt_llm(monkeypatch)
 
 
-def test_torch_llm_args_fields_are_the_real_ones(gpu: FakeGpu) -> None:
+@pytest.mark.parametrize("version", LINES)
+def test_torch_llm_args_fields_are_the_real_ones(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    install_tensorrt_llm(monkeypatch, version)
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
-    assert sorted(TorchLlmArgs.model_fields) == TORCH_LLM_ARGS
+    expected = TORCH_LLM_ARGS if version.startswith("1.2") else TORCH_LLM_ARGS_1_4
+    assert sorted(TorchLlmArgs.model_fields) == expected
 
 
-def test_kv_cache_config_fields_are_the_real_ones(gpu: FakeGpu) -> None:
+def test_the_1_4_list_has_as_many_fields_as_the_source() -> None:
+    """Counted in llm_args.py @ 1f064c46: 59 BaseLlmArgs fields and 54 of TorchLlmArgs,
+    two of which (`load_format`, `backend`) override BaseLlmArgs's."""
+    assert len(TORCH_LLM_ARGS_1_4) == 59 + 54 - 2
+    assert len(KV_CACHE_CONFIG_1_4) == 34
+
+
+@pytest.mark.parametrize("version", LINES)
+def test_kv_cache_config_fields_are_the_real_ones(
+    monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    install_tensorrt_llm(monkeypatch, version)
     from tensorrt_llm.llmapi import KvCacheConfig
 
-    assert sorted(KvCacheConfig.model_fields) == KV_CACHE_CONFIG
+    expected = KV_CACHE_CONFIG if version.startswith("1.2") else KV_CACHE_CONFIG_1_4
+    assert sorted(KvCacheConfig.model_fields) == expected
 
 
-def test_sampling_params_fields_are_the_real_ones(gpu: FakeGpu) -> None:
+def test_scheduler_config_fields_are_the_1_4_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_tensorrt_llm(monkeypatch, "1.4.0rc1")
+    from tensorrt_llm.llmapi import SchedulerConfig
+
+    assert sorted(SchedulerConfig.model_fields) == SCHEDULER_CONFIG_1_4
+
+
+def test_sampling_params_fields_are_the_real_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_tensorrt_llm(monkeypatch, "1.2.1")
     from tensorrt_llm import SamplingParams
 
     fields = [f.name for f in dataclasses.fields(SamplingParams) if f.init]
     assert sorted(f for f in fields if not f.startswith("_")) == SAMPLING_PARAMS
 
 
-def test_an_extra_options_field_the_worker_does_not_model_is_accepted(gpu: FakeGpu) -> None:
-    """`cuda_graph_config`, `sampler_type`, `moe_config`: fields a user's file holds."""
+def test_an_extra_options_field_the_worker_does_not_model_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cuda_graph_config`, `sampler_type`, `moe_config`: fields a user's file holds (1.2:
+    the 1.4 refusal message differs, see test_trtllm_double.py)."""
+    install_tensorrt_llm(monkeypatch, "1.2.1")
     from tensorrt_llm import LLM
 
     options: dict[str, Any] = {

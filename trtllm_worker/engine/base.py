@@ -5,7 +5,7 @@ An engine is owned by one thread (the looper): `enqueue`, `cancel`, `wait` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -83,6 +83,9 @@ class EngineRequest:
     """The job's AMQP priority (0-9) divided by 9, so 0.0 to 1.0, TensorRT-LLM's scale
     (higher first); None: the engine's default (0.5 in TensorRT-LLM)."""
     cache_salt: str | None = None
+    trace_headers: Mapping[str, str] | None = None
+    """The job's W3C trace context (`traceparent`, `tracestate`) when traces are on, for
+    engines that start spans of their own (TensorRT-LLM 1.4's `trace_headers`)."""
     """The job's tenant: requests with different salts never share KV-cache blocks, so
     one tenant cannot learn another's prompts from cache timing. None: no tenant, no
     salt (such requests share blocks with each other only)."""

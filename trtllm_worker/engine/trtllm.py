@@ -23,8 +23,12 @@ from typing import Any
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
-from tensorrt_llm.llmapi import KvCacheConfig, RequestOutput
-from tensorrt_llm.sampling_params import GuidedDecodingParams
+from tensorrt_llm.llmapi import (
+    GuidedDecodingParams,  # both lines; tensorrt_llm.sampling_params warns on 1.4
+    KvCacheConfig,
+    RequestError,
+    RequestOutput,
+)
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
@@ -64,14 +68,33 @@ CONFLICTS = {
 
 TORCH_SAMPLER_IGNORES = ("seed", "repetition_penalty", "presence_penalty", "frequency_penalty")
 """What 1.2's TorchSampler accepts and ignores: one generator seeded once for every
-request, no penalties (`_torch/pyexecutor/sampler.py`; per-request support came with
-TensorRT-LLM PRs #16485 and #17172)."""
+request, no penalties (`_torch/pyexecutor/sampler.py`)."""
+
+TORCH_SAMPLER_IGNORES_1_4 = ("seed",)
+"""The 1.4 line's TorchSampler applies the three penalties per request (PR #16485, merged
+2026-07-16: `_torch/pyexecutor/sampler/penalties.py` @ 0a0ceb0c). Per-request seeds
+(PR #17172, `sampler/seed_manager.py` @ 2341856e) are "only partially effective": the
+pinned FlashInfer reads one seed per sampling call, so a seeded request is reproducible
+only when sampled alone. A job's seed is therefore still refused there."""
 
 
-def ignored_parameters(sampler: str) -> dict[str, str]:
-    """The job parameters the configured sampler would silently ignore, with why."""
+def release_line() -> tuple[int, int]:
+    """(major, minor) of the installed TensorRT-LLM ("1.4.0rc1" -> (1, 4))."""
+    major, minor = ([*str(tensorrt_llm.__version__).split("."), "0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def ignored_parameters(sampler: str, line: tuple[int, int] = (1, 2)) -> dict[str, str]:
+    """The job parameters the configured sampler would silently ignore on this line,
+    with why."""
     if sampler == "TRTLLMSampler":
         return {}
+    if line >= (1, 4):
+        why = (
+            f"TensorRT-LLM {tensorrt_llm.__version__}'s TorchSampler honours a per-request "
+            "seed only for a request sampled alone (its FlashInfer reads one seed per call)"
+        )
+        return dict.fromkeys(TORCH_SAMPLER_IGNORES_1_4, why)
     why = (
         f"TensorRT-LLM 1.2's TorchSampler (WORKER_SAMPLER={sampler}) ignores it; "
         "set WORKER_SAMPLER=TRTLLMSampler to use it"
@@ -94,6 +117,22 @@ def top_logprobs_limit(sampler: str) -> tuple[int, str]:
             "sampled token's log probability; set WORKER_SAMPLER=TorchSampler for them"
         )
     return MAX_TOP_LOGPROBS, f"at most {MAX_TOP_LOGPROBS}"
+
+
+def sampler_type_deprecated() -> bool:
+    """Whether the installed `TorchLlmArgs.sampler_type` is a deprecated field (1.4 line:
+    `llmapi/llm_args.py`, "TorchSampler will be the default sampler")."""
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    field = TorchLlmArgs.model_fields.get("sampler_type")
+    return bool(getattr(field, "deprecated", None))
+
+
+def _field(args: Any, name: str) -> Any:
+    """A field of the built LLM's args, read without the DeprecationWarning pydantic
+    gives a deprecated field on attribute access."""
+    values = getattr(args, "__dict__", {})
+    return values[name] if name in values else getattr(args, name, None)
 
 
 def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
@@ -125,18 +164,46 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
     }
     if settings.max_num_tokens is not None:
         kwargs["max_num_tokens"] = settings.max_num_tokens
-    # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
-    # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
-    kwargs["sampler_type"] = settings.sampler
+    if not sampler_type_deprecated():
+        # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
+        # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
+        kwargs["sampler_type"] = settings.sampler
+    elif "sampler" in settings.model_fields_set:
+        log.warning(
+            "TensorRT-LLM %s: sampler_type is deprecated (TorchSampler is the default); "
+            "WORKER_SAMPLER=%s is passed on as the operator set it",
+            tensorrt_llm.__version__,
+            settings.sampler,
+        )
+        kwargs["sampler_type"] = settings.sampler
     if settings.guided_decoding != "none":
         # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
         kwargs["guided_decoding_backend"] = settings.guided_decoding
     extra = read_extra_options(settings.llm_extra_options)
     check_extra_options(settings, extra)
     kwargs.update(extra)
+    if "scheduler_config" not in extra and takes_priority_keyword():
+        # a job's priority takes effect only with the priority waiting queue
+        # (PriorityWaitingQueue; FCFS ignores it): build the LLM so that it is used
+        from tensorrt_llm.llmapi import SchedulerConfig
+
+        kwargs["scheduler_config"] = SchedulerConfig(waiting_queue_policy="priority")
     log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
-    llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
+    try:
+        llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
+    except ValueError as exc:  # pydantic's ValidationError is one
+        if not extra:
+            raise
+        raise ConfigError(
+            f"invalid setting WORKER_LLM_EXTRA_OPTIONS: TensorRT-LLM "
+            f"{tensorrt_llm.__version__} refuses the LLM arguments: {_one_line(exc)}"
+        ) from None
     return LlmApiEngine(llm, cancel_timeout_s=settings.engine_cancel_timeout_s)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (pydantic's span several)."""
+    return " ".join(str(exc).split())
 
 
 def read_extra_options(path: Path | None) -> dict[str, Any]:
@@ -159,26 +226,47 @@ def read_extra_options(path: Path | None) -> dict[str, Any]:
     return data
 
 
+def _keywords(generate_async: Any) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(generate_async).parameters)
+    except (TypeError, ValueError):  # no signature to read: assume the 1.2 shape
+        return frozenset()
+
+
 def takes_priority(llm: LLM) -> bool:
     """Whether this TensorRT-LLM's `generate_async` has a `priority` keyword (1.3 on,
     TensorRT-LLM PR #12362; 1.2 has none and would raise TypeError). Read from the
     signature rather than the version, as release candidates differ."""
-    try:
-        return "priority" in inspect.signature(llm.generate_async).parameters
-    except (TypeError, ValueError):  # no signature to read: assume the 1.2 shape
-        return False
+    return "priority" in _keywords(llm.generate_async)
 
 
-def submit_options(request: EngineRequest, *, priority: bool) -> dict[str, Any]:
+def takes_priority_keyword() -> bool:
+    """`takes_priority` before an LLM exists: read from the class."""
+    return "priority" in _keywords(LLM.generate_async)
+
+
+def takes_trace_headers(llm: LLM) -> bool:
+    """Whether `generate_async` has `trace_headers` (the 1.4 line, llm.py @ 1f064c46,
+    where it sits before `_postproc_params`: the adapter passes keywords only; 1.2.1's
+    has none, llm.py @ 4c05a748)."""
+    return "trace_headers" in _keywords(llm.generate_async)
+
+
+def submit_options(
+    request: EngineRequest, *, priority: bool, trace_headers: bool = False
+) -> dict[str, Any]:
     """The keywords of `generate_async` beyond the prompt and sampling: the tenant as
     `cache_salt` (KV-cache blocks are reused only between requests with the same salt),
-    and the job's priority where the engine takes one. Unset ones are left out, so the
-    engine's defaults apply (no salt; priority 0.5)."""
+    the job's priority where the engine takes one, and the job's W3C trace context as
+    `trace_headers` where it takes them. Unset ones are left out, so the engine's
+    defaults apply (no salt; priority 0.5; no trace)."""
     options: dict[str, Any] = {}
     if request.cache_salt is not None:
         options["cache_salt"] = request.cache_salt
     if priority and request.priority is not None:
         options["priority"] = request.priority
+    if trace_headers and request.trace_headers:
+        options["trace_headers"] = dict(request.trace_headers)
     return options
 
 
@@ -273,15 +361,18 @@ class LlmApiEngine:
         args = llm.args
         # what the built LLM really schedules and accepts, after extra options
         self._capacity = int(args.max_batch_size or 1)
-        max_top, top_why = top_logprobs_limit(str(args.sampler_type))
+        max_top, top_why = top_logprobs_limit(str(_field(args, "sampler_type")))
         self._limits = EngineLimits(
             max_seq_len=args.max_seq_len,
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
-            ignored_parameters=ignored_parameters(str(args.sampler_type)),
+            ignored_parameters=ignored_parameters(
+                str(_field(args, "sampler_type")), release_line()
+            ),
             max_top_logprobs=max_top,
             top_logprobs_why=top_why,
         )
         self._takes_priority = takes_priority(llm)
+        self._takes_trace_headers = takes_trace_headers(llm)
         log_priority_support(self._takes_priority, args)
         self._cancel_timeout_s = cancel_timeout_s
         self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
@@ -363,13 +454,20 @@ class LlmApiEngine:
                 list(request.prompt_ids),
                 sampling_params=sampling_params(request),
                 streaming=True,
-                **submit_options(request, priority=self._takes_priority),
+                **submit_options(
+                    request,
+                    priority=self._takes_priority,
+                    trace_headers=self._takes_trace_headers,
+                ),
             )
-        except (ValueError, TypeError) as exc:  # this request is at fault (e.g. too long)
+        except (ValueError, TypeError, RequestError) as exc:
+            # this request is at fault (e.g. too long: ValueError in 1.2, RequestError,
+            # a RuntimeError, on the 1.4 line): it ends alone, the engine goes on
             self._outputs.put(EngineOutput(request.id, [], error=f"rejected by the engine: {exc}"))
             return
         except Exception as exc:
-            # The LLM is shutting down or its worker died: the engine is gone.
+            # The LLM is shutting down or its worker died (a plain RuntimeError on both
+            # lines): the engine is gone.
             self._fatal = exc
             self._outputs.put(None)
             return

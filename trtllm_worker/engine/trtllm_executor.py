@@ -166,8 +166,21 @@ def built_limits(settings: Settings, build: dict[str, Any]) -> tuple[int, Engine
     )
 
 
+def require_executor() -> None:
+    """TensorRT-LLM PR #16369 removed the C++ Executor and its Python binding (absent from
+    1.3.0rc22 on, and from the 1.4 line): say so in one line, with what to use instead."""
+    if not hasattr(tle, "Executor"):
+        raise ConfigError(
+            f"invalid setting WORKER_ENGINE=trtllm-executor: TensorRT-LLM "
+            f"{tensorrt_llm.__version__} has no C++ Executor (removed from 1.3.0rc22 on); "
+            "use WORKER_ENGINE=trtllm with a Hugging Face checkpoint (WORKER_MODEL), or "
+            "TensorRT-LLM 1.2 or earlier for a prebuilt engine"
+        )
+
+
 def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
     assert settings.engine_dir is not None  # the settings validator requires it
+    require_executor()
     world_size = engine_world_size(settings.engine_dir)
     build = engine_config(settings.engine_dir).get("build_config") or {}
     capacity, limits = built_limits(settings, build)

@@ -176,6 +176,19 @@ def trace_carrier(headers: Mapping[str, Any] | None) -> dict[str, str]:
     return carrier
 
 
+W3C_HEADERS = ("traceparent", "tracestate")
+
+
+def trace_context(trace: JobTrace | None) -> dict[str, str] | None:
+    """The job's W3C trace context to hand to an engine that makes spans of its own:
+    the message's `traceparent` and `tracestate`, so the engine's spans join the job's
+    trace (as siblings of the job's span, whose own id the exporter process picks when
+    the job ends). None when traces are off or the message carried no context."""
+    if trace is None or "traceparent" not in trace.carrier:
+        return None
+    return {name: trace.carrier[name] for name in W3C_HEADERS if name in trace.carrier}
+
+
 def tracing_enabled(environ: Mapping[str, str]) -> bool:
     """True when the standard variables ask for traces: an OTLP endpoint set, the SDK
     not disabled and the traces exporter not `none`."""

@@ -22,7 +22,15 @@ from trtllm_worker.engine.base import EngineRequest, Sampling
 from trtllm_worker.engine.looper import Looper
 from trtllm_worker.ops.log import about
 from trtllm_worker.ops.metrics import Metrics
-from trtllm_worker.ops.tracing import FIRST_TOKEN, INTAKE, RESUMED, SUBMITTED, TERMINAL, JobTrace
+from trtllm_worker.ops.tracing import (
+    FIRST_TOKEN,
+    INTAKE,
+    RESUMED,
+    SUBMITTED,
+    TERMINAL,
+    JobTrace,
+    trace_context,
+)
 from trtllm_worker.pipeline.intake import Intake, PreparedInput
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
@@ -380,6 +388,7 @@ class JobRunner:
             deadline=None if job.deadline is None else job.deadline.timestamp(),
             priority=priority / MAX_PRIORITY,
             cache_salt=job.tenant,
+            trace_headers=trace_context(trace),
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)

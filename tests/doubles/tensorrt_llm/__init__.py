@@ -3,8 +3,7 @@
 from tests.doubles import fake_gpu
 
 from . import bindings as bindings
-from .llmapi import LLM
-from .sampling_params import SamplingParams
+from .llmapi import LLM, SamplingParams  # llmapi first: it imports executor in turn
 
 __version__ = fake_gpu.current().version  # "1.2.1" unless installed as another release
 

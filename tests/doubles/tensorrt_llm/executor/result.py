@@ -9,8 +9,8 @@ from queue import Empty, Queue
 from typing import Any, Literal, TypeAlias
 
 from ..bindings.executor import FinishReason
+from ..executor.params.sampling import SamplingParams
 from ..llmapi.utils import AsyncQueue, _SyncQueue
-from ..sampling_params import SamplingParams
 from .utils import RequestError, has_event_loop
 
 __all__ = ["CompletionOutput", "GenerationResult", "IterationResult", "Logprob"]

@@ -14,6 +14,7 @@ from tests.doubles import fake_gpu
 from tests.doubles.fake_gpu import IterStats, Job, Step
 
 from ..bindings.executor import FinishReason, IterationStats
+from ..executor.params.sampling import SamplingParams
 from ..executor.result import (
     GenerationResult,
     IterationResult,
@@ -22,8 +23,8 @@ from ..executor.result import (
     _LlmResponse,
     _PyResult,
 )
+from ..executor.utils import RequestError
 from ..llmapi.utils import AsyncQueue
-from ..sampling_params import SamplingParams
 from .llm_args import TorchLlmArgs
 
 __all__ = ["LLM", "RequestOutput"]
@@ -99,6 +100,17 @@ class LLM:
         self._gpu.llm_kwargs.append({**explicit, **kwargs})
         self._shutdown = False  # set first: __del__ runs even when __init__ raises
         valid = set(TorchLlmArgs.model_fields) | {"_mpi_session", "backend"}
+        if fake_gpu.line() >= (1, 4):
+            # _TorchLLM._validate_args_for_torch_backend (llmapi/llm.py @ 1f064c46): every
+            # keyword that is not a TorchLlmArgs field, as a list, before BaseLLM's check.
+            # (1.2's version of it only names TrtLlmArgs-only fields, e.g. build_config,
+            # "...specific to TensorRT backend...": not modelled, 1.2's BaseLLM check is.)
+            unsupported = [key for key in kwargs if key not in valid]
+            if unsupported:
+                raise ValueError(
+                    "The following arguments are not supported by the PyTorch backend: "
+                    f"{unsupported}."
+                )
         for key in kwargs:
             if key not in valid:
                 raise ValueError(f"{self.__class__.__name__} got invalid argument: {key}")
@@ -172,7 +184,12 @@ class LLM:
         `PriorityWaitingQueue` does so only with waiting_queue_policy "priority")."""
         if not (0.0 <= priority <= 1.0):
             raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
-        return self._submit(inputs, sampling_params, streaming, cache_salt, {"priority": priority})
+        # trace_headers (Optional[Mapping[str, str]]) goes on to the executor's request
+        # as is (llm.py @ 1f064c46); the double records it when given
+        options: dict[str, Any] = {"priority": priority}
+        if trace_headers is not None:
+            options["trace_headers"] = dict(trace_headers)
+        return self._submit(inputs, sampling_params, streaming, cache_salt, options)
 
     def _submit(
         self,
@@ -194,7 +211,10 @@ class LLM:
         prompt = self._prompt_token_ids(inputs)
         max_num_tokens = self.args.max_num_tokens
         if not self.args.enable_chunked_prefill and max_num_tokens and len(prompt) > max_num_tokens:
-            raise ValueError(
+            # BaseLLM._check_arguments: ValueError in 1.2 (llm.py @ 4c05a748), RequestError
+            # (a RuntimeError) on the 1.4 line (llm.py @ 1f064c46), same text
+            refusal = RequestError if fake_gpu.line() >= (1, 4) else ValueError
+            raise refusal(
                 f"The sum of prompt length ({float(len(prompt))}), query length (0) should not "
                 f"exceed max_num_tokens ({max_num_tokens})"
             )
@@ -312,7 +332,8 @@ class LLM:
         one entry per token whatever k, the sampled token's own log probability at rank
         1 (sampler.py @ 28edbcdb, TRTLLMSampler.update_requests_single_beam_single_step)."""
         lp = self._gpu.logprob
-        torch_sampler = self.args.sampler_type != "TRTLLMSampler"
+        # read without the DeprecationWarning pydantic gives the 1.4 field on access
+        torch_sampler = vars(self.args).get("sampler_type") != "TRTLLMSampler"
         if not torch_sampler:
             return [{t: Logprob(lp, rank=1)} for t in tokens]
         shift = 0 if params._greedy_decoding else 1000
@@ -347,11 +368,6 @@ class LLM:
         result._deliver((_LlmResponse(result.request_id, None, payload), None))
 
 
-def _release(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
-
-
-if _release(fake_gpu.current().version) >= (1, 3):
+if fake_gpu.line() >= (1, 3):
     # priority came with 1.3 (TensorRT-LLM PR #12362); the adapter reads the signature
     setattr(LLM, "generate_async", LLM._generate_async_1_4)  # noqa: B010

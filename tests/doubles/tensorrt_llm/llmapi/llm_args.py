@@ -1,15 +1,52 @@
-# mirrors tensorrt_llm/llmapi/llm_args.py (1.2.x): KvCacheConfig and TorchLlmArgs with every
-# field of the real classes (lists as at NVIDIA/TensorRT-LLM c292b9f9, checked by
-# tests/unit/test_trtllm_fields.py); the fields the worker does not use are accepted, not
-# modelled.
+# mirrors tensorrt_llm/llmapi/llm_args.py: KvCacheConfig, SchedulerConfig and TorchLlmArgs
+# with every field of the real classes, at two API levels (tests/doubles/__init__.py):
+# - 1.2: lists as at NVIDIA/TensorRT-LLM c292b9f9;
+# - 1.4: lists as at 1f064c467a211b4168555ca06bb9b801c64eae20 (BaseLlmArgs + TorchLlmArgs;
+#   KvCacheConfig without onboard_blocks; TorchLlmArgs without enable_sleep,
+#   fail_fast_on_attention_window_too_large, disable_flashinfer_sampling; with
+#   sleep_config, generation_config, encode_only, ...).
+# Both checked by tests/unit/test_trtllm_fields.py; the fields the worker does not use
+# are accepted, not modelled.
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from tests.doubles import fake_gpu
+
+_LINE_1_4 = fake_gpu.line() >= (1, 4)
 
 
-class KvCacheConfig(BaseModel):
+class WaitingQueuePolicy(StrEnum):
+    """llm_args.py @ 1f064c46 (a StrEnum there): "fcfs", or "priority" (higher
+    request.priority first, ties FCFS). PR #12362 (1.3) brought it; 1.2 has none."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
+class SchedulerConfig(BaseModel):
+    """llm_args.py @ 1f064c46: capacity_scheduler_policy (GUARANTEED_NO_EVICT),
+    context_chunking_policy, dynamic_batch_config, waiting_queue_policy (fcfs),
+    use_python_scheduler, enable_prefix_aware_scheduling; extra fields forbidden. The
+    1.2 class was not read here: the double gives both lines the 1.4 fields (1.2's
+    LLM has no per-request priority, so its policy is never consulted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacity_scheduler_policy: str = "GUARANTEED_NO_EVICT"
+    context_chunking_policy: str | None = None
+    dynamic_batch_config: Any = None
+    waiting_queue_policy: WaitingQueuePolicy = WaitingQueuePolicy.FCFS
+    use_python_scheduler: bool = False
+    enable_prefix_aware_scheduling: bool = True
+
+
+class _KvCacheConfigFields(BaseModel):
+    """The fields both lines have (and the double models)."""
+
     model_config = ConfigDict(extra="forbid")
 
     enable_block_reuse: bool = True
@@ -18,7 +55,6 @@ class KvCacheConfig(BaseModel):
     sink_token_length: int | None = None
     free_gpu_memory_fraction: float | None = 0.9
     host_cache_size: int | None = None
-    onboard_blocks: bool = True
     cross_kv_cache_fraction: float | None = None
     secondary_offload_min_priority: int | None = None
     event_buffer_max_size: int = 0
@@ -34,9 +70,42 @@ class KvCacheConfig(BaseModel):
     tokens_per_block: Any = None
 
 
-class TorchLlmArgs(BaseModel):
-    """Subset of the real fields (defaults as in 1.2).  The double rejects every other
-    keyword, as the real LLM rejects keywords that are not TorchLlmArgs fields."""
+class _KvCacheConfig12(_KvCacheConfigFields):
+    onboard_blocks: bool = True
+
+
+_KV_CACHE_1_4_ONLY = (
+    "avg_seq_len",
+    "block_reuse_config",
+    "disk_cache_path",
+    "disk_cache_size",
+    "disk_prefetch_num_reqs",
+    "enable_kv_pool_rebalance",
+    "enable_swa_scratch_reuse",
+    "fp8_context_mla_kv_len_cap",
+    "iteration_stats_interval",
+    "kv_cache_event_hash_algo",
+    "mamba_ssm_philox_rounds",
+    "mamba_ssm_stochastic_rounding",
+    "mamba_state_cache_interval",
+    "mamba_state_config",
+    "max_util_for_resume",
+    "pool_ratio",
+    "use_kv_cache_manager_v2",
+)
+_KvCacheConfig14: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "KvCacheConfig",
+    __base__=_KvCacheConfigFields,
+    **{name: (Any, None) for name in _KV_CACHE_1_4_ONLY},
+)
+
+KvCacheConfig: type[_KvCacheConfigFields] = _KvCacheConfig14 if _LINE_1_4 else _KvCacheConfig12
+
+
+class _ModelledArgs(BaseModel):
+    """The fields of TorchLlmArgs the double models (defaults as in 1.2 and 1.4 alike).
+    The double rejects every other keyword, as the real LLM rejects keywords that are
+    not TorchLlmArgs fields."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
@@ -56,7 +125,6 @@ class TorchLlmArgs(BaseModel):
     max_seq_len: int | None = None
     max_beam_width: int | None = 1
     max_num_tokens: int | None = 8192
-    kv_cache_config: KvCacheConfig = Field(default_factory=KvCacheConfig)
     enable_chunked_prefill: bool = False
     gather_generation_logits: bool = False
     enable_iter_perf_stats: bool = False
@@ -69,7 +137,13 @@ class TorchLlmArgs(BaseModel):
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     num_postprocess_workers: int = 0
 
-    # accepted as the real class accepts them; the double does not model what they do
+
+class _TorchLlmArgs12(_ModelledArgs):
+    """1.2 (c292b9f9): the rest of its fields, accepted, not modelled."""
+
+    kv_cache_config: _KvCacheConfig12 = Field(default_factory=_KvCacheConfig12)
+    sampler_type: Any = "auto"
+    scheduler_config: Any = None
     allreduce_strategy: Any = None
     attention_dp_config: Any = None
     attn_backend: Any = None
@@ -120,8 +194,113 @@ class TorchLlmArgs(BaseModel):
     reasoning_parser: Any = None
     request_stats_max_iterations: Any = None
     sampler_force_async_worker: Any = None
-    sampler_type: Any = "auto"
-    scheduler_config: Any = None
     sparse_attention_config: Any = None
     speculative_config: Any = None
     torch_compile_config: Any = None
+
+
+_TORCH_1_4_UNMODELLED = (
+    "allreduce_strategy",
+    "attention_dp_config",
+    "attn_backend",
+    "batch_wait_max_tokens_ratio",
+    "batch_wait_timeout_iters",
+    "batch_wait_timeout_ms",
+    "batched_logits_processor",
+    "cache_transceiver_config",
+    "checkpoint_format",
+    "checkpoint_loader",
+    "context_parallel_size",
+    "cp_config",
+    "cuda_graph_config",
+    "custom_tokenizer",
+    "decoding_config",
+    "disable_mm_encoder",
+    "disable_overlap_scheduler",
+    "dwdp_config",
+    "enable_attention_dp",
+    "enable_autotuner",
+    "enable_early_first_token_response",
+    "enable_encoder_decoder_mixed_cuda_graph",
+    "enable_energy_metrics",
+    "enable_layerwise_nvtx_marker",
+    "enable_lm_head_tp_in_adp",
+    "enable_lora",
+    "enable_low_latency_host_dispatch",
+    "enable_min_latency",
+    "enable_resource_governor",
+    "enable_speculative_beam_history_d2h",
+    "encode_only",
+    "encoder_cuda_graph_config",
+    "encoder_max_batch_size",
+    "encoder_max_num_tokens",
+    "env_overrides",
+    "force_dynamic_quantization",
+    "garbage_collection_gen0_threshold",
+    "generation_config",
+    "gms_config",
+    "gpus_per_node",
+    "iter_stats_max_iterations",
+    "kv_cache_compression_config",
+    "kv_connector_config",
+    "layer_wise_benchmarks_config",
+    "load_format",
+    "lora_config",
+    "max_stats_len",
+    "mm_encoder_only",
+    "model_kwargs",
+    "moe_cluster_parallel_size",
+    "moe_config",
+    "moe_expert_parallel_size",
+    "moe_tensor_parallel_size",
+    "mpi_session",
+    "multimodal_config",
+    "mx_config",
+    "num_serve_frontends",
+    "nvfp4_gemm_config",
+    "orchestrator_type",
+    "otlp_traces_endpoint",
+    "peft_cache_config",
+    "perf_metrics_max_requests",
+    "perf_metrics_output_dir",
+    "post_processor_hook",
+    "postprocess_tokenizer_dir",
+    "pp_partition",
+    "prometheus_metrics_config",
+    "ray_placement_config",
+    "ray_worker_extension_cls",
+    "ray_worker_nsight_options",
+    "reasoning_parser",
+    "reorder_policy_config",
+    "request_stats_max_iterations",
+    "sampler_force_async_worker",
+    "sleep_config",
+    "sparse_attention_config",
+    "speculative_config",
+    "telemetry_config",
+    "torch_compile_config",
+    "use_cute_dsl_bf16_bmm",
+    "use_cute_dsl_bf16_gemm",
+    "use_cute_dsl_blockscaling_bmm",
+    "use_cute_dsl_blockscaling_mm",
+)
+
+SAMPLER_TYPE_DEPRECATION = (
+    "This parameter will be removed in release 1.4. TorchSampler will be the default sampler."
+)
+"""llm_args.py @ 1f064c46: `sampler_type` is a pydantic field with this `deprecated`
+message (and status "deprecated"); no validator refuses it, so a value passed is
+accepted and kept (reading the attribute warns, as pydantic does for a deprecated
+field). Its description: "TRTLLMSampler is deprecated and will be removed in release
+1.4"; whether the 1.4 executor still builds a TRTLLMSampler was not read here."""
+
+_TorchLlmArgs14: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "TorchLlmArgs",
+    __base__=_ModelledArgs,
+    kv_cache_config=(_KvCacheConfig14, Field(default_factory=_KvCacheConfig14)),
+    sampler_type=(Any, Field("auto", deprecated=SAMPLER_TYPE_DEPRECATION)),
+    scheduler_config=(SchedulerConfig, Field(default_factory=SchedulerConfig)),
+    **{name: (Any, None) for name in _TORCH_1_4_UNMODELLED},
+)
+
+TorchLlmArgs: Any = _TorchLlmArgs14 if _LINE_1_4 else _TorchLlmArgs12
