@@ -23,7 +23,7 @@ from trtllm_worker.engine.looper import Looper
 from trtllm_worker.ops.log import about
 from trtllm_worker.ops.metrics import Metrics
 from trtllm_worker.ops.tracing import FIRST_TOKEN, INTAKE, RESUMED, SUBMITTED, TERMINAL, JobTrace
-from trtllm_worker.pipeline.intake import Intake, PreparedInput
+from trtllm_worker.pipeline.intake import Intake, PreparedInput, check_adapter
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
 from trtllm_worker.pipeline.pump import RETRY_MAX_S, OutputPump
@@ -165,6 +165,7 @@ class JobRunner:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
             exc.tenant = job.tenant  # and counts the job under it
+            exc.adapter = job.adapter
             raise
         finally:
             leases = {key: token} if self._leases.forget(key, token) else {}
@@ -286,6 +287,7 @@ class JobRunner:
             metadata_json=None if job.metadata is None else metadata_json(job.metadata),
             lease=self._leases.token(key),
             tenant=job.tenant,
+            adapter=job.adapter,
         )
 
     def _resume(
@@ -330,6 +332,7 @@ class JobRunner:
                 lease,
                 entry_id(state.next_index + 1),
                 tenant=state.tenant,
+                adapter=state.adapter,
             )
         )
         if ended is Ended.NOT_OURS:
@@ -378,6 +381,7 @@ class JobRunner:
             deadline=None if job.deadline is None else job.deadline.timestamp(),
             priority=priority / MAX_PRIORITY,
             cache_salt=job.tenant,
+            adapter=check_adapter(job, self._intake.adapters),
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)

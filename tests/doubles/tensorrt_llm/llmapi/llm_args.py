@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..lora_helper import LoraConfig
+
 
 class KvCacheConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -68,6 +70,9 @@ class TorchLlmArgs(BaseModel):
     # builds no guided decoder, and a request's guided_decoding is then ignored
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     num_postprocess_workers: int = 0
+    # BaseLlmArgs: `lora_config: Optional[LoraConfig]` (a dataclass: a YAML mapping is
+    # validated into one); a request's lora_request is applied only with it
+    lora_config: LoraConfig | None = None
 
     # accepted as the real class accepts them; the double does not model what they do
     allreduce_strategy: Any = None
@@ -101,7 +106,6 @@ class TorchLlmArgs(BaseModel):
     iter_stats_max_iterations: Any = None
     kv_connector_config: Any = None
     load_format: Any = "auto"
-    lora_config: Any = None
     mm_encoder_only: Any = None
     moe_cluster_parallel_size: Any = None
     moe_config: Any = None
