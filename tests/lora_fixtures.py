@@ -13,7 +13,7 @@ def write_adapter(
     root: Path,
     name: str,
     *,
-    rank: int = 8,
+    rank: Any = 8,
     target_modules: Any = ("q_proj", "v_proj"),
     weights: str | None = "adapter_model.safetensors",
     **config: Any,
