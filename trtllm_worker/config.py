@@ -234,6 +234,15 @@ class Settings(BaseSettings):
         "installed: exit 2). The startup line names the loop",
     )
 
+    lora_dir: Path | None = Field(
+        None,
+        description="a folder whose subfolders are LoRA adapters (Hugging Face PEFT layout: "
+        "`adapter_config.json` and `adapter_model.safetensors` or `.bin`); a job names one "
+        "by its folder name in `adapter`. Read at start: a folder that does not load stops "
+        "the worker. `trtllm` and `echo` only (the echo engine checks the name and "
+        "ignores it). Unset: no adapters",
+    )
+
     # TensorRT-LLM engines (ignored by echo)
     model: Path | None = Field(
         None, description="`trtllm`: Hugging Face checkpoint folder (required)"
@@ -376,6 +385,14 @@ class Settings(BaseSettings):
                     "tokenizer",
                     "required with WORKER_ENGINE=trtllm-executor (the model's "
                     "tokenizer.json or its folder)",
+                )
+            if self.lora_dir is not None:
+                # the Executor takes an adapter's weights with each request, in the
+                # engine's own format: not done by the worker
+                raise _SettingError(
+                    "lora_dir",
+                    "LoRA adapters are served with WORKER_ENGINE=trtllm (the LLM API loads "
+                    "them from their folders), not with WORKER_ENGINE=trtllm-executor",
                 )
         return self
 

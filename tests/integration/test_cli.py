@@ -19,7 +19,9 @@ import aio_pika
 import pytest
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal, tokens
+from tests.lora_fixtures import write_adapter
 from tests.services import ServiceUrls
+from trtllm_worker.engine.lora import adapter_id
 from trtllm_worker.tokenizer import load_tokenizer
 
 UNREACHABLE_AMQP = "amqp://guest:s3cret-pw@127.0.0.1:1/"
@@ -323,6 +325,28 @@ async def test_dead_letters_listed_then_requeued(
 
 def problems(result: Result) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.startswith("problem ")]
+
+
+async def test_check_lists_the_lora_adapters_or_the_folder_that_does_not_load(
+    cli: Cli, tmp_path: Path
+) -> None:
+    loras = tmp_path / "loras"
+    write_adapter(loras, "sql", rank=16)
+    write_adapter(loras, "chat")
+    result = await cli.run("check", WORKER_LORA_DIR=str(loras))
+    assert result.code == 0, result.stdout
+    line = next(x for x in result.stdout.splitlines() if "LoRA adapters" in x)
+    assert line == (
+        f"ok LoRA adapters in {loras}: chat (id {adapter_id('chat')}, rank 8), "
+        f"sql (id {adapter_id('sql')}, rank 16)"
+    )
+    write_adapter(loras, "broken", weights=None)
+    result = await cli.run("check", WORKER_LORA_DIR=str(loras))
+    assert result.code != 0
+    assert problems(result) == [
+        f"problem invalid setting WORKER_LORA_DIR: adapter folder {loras / 'broken'}: no "
+        "weights (adapter_model.safetensors or adapter_model.bin)"
+    ]
 
 
 async def test_check_passes_against_the_real_services(run_worker: WorkerFactory, cli: Cli) -> None:

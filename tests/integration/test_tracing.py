@@ -21,6 +21,7 @@ import pytest
 
 from tests.integration.conftest import Producer, Spawn, Subscriber, terminal, tokens
 from tests.integration.test_faults import wait_for_entries
+from tests.lora_fixtures import write_adapter
 from tests.otlp import Collected, ReceivedSpan, grpc_receiver, http_receiver
 from trtllm_worker.client import Client
 from trtllm_worker.config import Settings
@@ -179,6 +180,7 @@ async def test_grpc_export_and_a_job_without_trace_headers_starts_a_trace(
     producer: Producer,
     subscriber: Subscriber,
     collected: Collected,
+    tmp_path: Path,
 ) -> None:
     """OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports over gRPC; a message without a
     `traceparent` begins a new trace (no parent); OTEL_SERVICE_NAME names the service."""
@@ -188,6 +190,7 @@ async def test_grpc_export_and_a_job_without_trace_headers_starts_a_trace(
             OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
             OTEL_SERVICE_NAME="gen-workers",
             WORKER_CHAT_TEMPLATE=str(TEMPLATES / "qwen2.5.jinja"),
+            WORKER_LORA_DIR=str(write_adapter(tmp_path / "loras", "sql").parent),
             **FAST_EXPORT,
         )
         request_id = rid()
@@ -197,6 +200,7 @@ async def test_grpc_export_and_a_job_without_trace_headers_starts_a_trace(
                 "messages": [{"role": "user", "content": "hi"}],
                 "parameters": {"max_new_tokens": 4},
                 "tenant": "acme",
+                "adapter": "sql",
             },
             priority=7,
         )
@@ -208,6 +212,7 @@ async def test_grpc_export_and_a_job_without_trace_headers_starts_a_trace(
         7,
         "acme",
     )
+    assert span.attributes["trtllm_worker.adapter"] == "sql"
     assert len(span.trace_id) == 32
     assert span.trace_id != "0" * 32
     assert span.name == "chat echo"

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import date, timedelta
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from tests.integration.conftest import Producer, Spawn, Subscriber, WorkerFactory, terminal
 from tests.integration.test_faults import wait_for_entries
 from tests.integration.test_resume import store_tokens
+from tests.lora_fixtures import write_adapter
 from tests.services import ServiceUrls
 from trtllm_worker.client import Client, Usage
 from trtllm_worker.config import Settings
@@ -190,3 +192,36 @@ async def test_a_stream_ended_already_or_a_retried_end_counts_nothing(
         await store.close()
     async with Client(stream_prefix=prefix, redis_url=services.redis) as client:
         assert today(await client.usage()) == [("t", 2, 4, 1)]
+
+
+async def test_a_lora_job_runs_and_is_counted_per_adapter_within_its_tenants_totals(
+    run_worker: WorkerFactory,
+    producer: Producer,
+    subscriber: Subscriber,
+    make_settings: Callable[..., Settings],
+    tmp_path: Path,
+) -> None:
+    """The echo engine checks the adapter and ignores it; the tenant's row keeps its
+    totals and breaks them down per adapter; an unknown adapter is dead-lettered
+    `invalid_request` naming `adapter`, counted under its tenant only."""
+    write_adapter(tmp_path, "sql")
+    write_adapter(tmp_path, "chat")
+    first, second, third, unknown = rid(), rid(), rid(), rid()
+    async with run_worker(max_batch=1, lora_dir=tmp_path):
+        await producer.publish(job(first, "abc", 5, tenant="acme", adapter="sql"))
+        await producer.publish(job(second, "hello", 7, tenant="acme", adapter="sql"))
+        await producer.publish(job(third, "xy", 4, tenant="acme"))
+        await producer.publish(job(unknown, "xy", 4, tenant="acme", adapter="nope"))
+        streams = await subscriber.read_many([first, second, third, unknown])
+        dead = await producer.get_dead()
+    assert terminal(streams[first])["generated_text"] == "abcab"
+    assert terminal(streams[unknown])["code"] == "invalid_request"
+    assert str(terminal(streams[unknown])["message"]).startswith("adapter: unknown adapter")
+    assert dead.headers["x-error-code"] == "invalid_request"
+    assert str(dead.headers["x-error-message"]).startswith("adapter: ")
+    (row,) = await usage_of(make_settings())
+    # the totals as without adapters: 4 jobs, the refused one with no tokens
+    assert (row.tenant, row.jobs, row.input_tokens, row.generated_tokens) == ("acme", 4, 10, 16)
+    assert row.adapters == {"sql": {"jobs": 2, "input_tokens": 8, "generated_tokens": 12}}
+    assert row.as_dict()["adapters"] == row.adapters
+    assert "adapters" not in Usage("t", "2025-01-02", 1, 1, 1).as_dict()

@@ -87,6 +87,7 @@ class FakeStore:
         seq_id: str = "",
         *,
         tenant: str | None = None,
+        adapter: str | None = None,
     ) -> Ended:
         if self._fail is not None:
             raise self._fail

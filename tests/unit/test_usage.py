@@ -78,7 +78,8 @@ def test_one_node_has_one_usage_key_a_day() -> None:
     assert keys.key("gen:a", "2025-01-02") == keys.key("gen:b", "2025-01-02")
     assert keys.key("gen:a", "2025-01-02") == usage_key("gen:", "2025-01-02")
     assert usage_key("gen:", "2025-01-02") == "gen:_usage:2025-01-02"
-    assert keys.values("gen:a", None, 3)[1:] == (60, NO_TENANT, 3)
+    assert keys.values("gen:a", None, 3)[1:] == (60, NO_TENANT, 3, "")
+    assert keys.values("gen:a", "t", 3, "sql")[2:] == ("t", 3, "sql")
 
 
 def test_no_stream_key_is_a_usage_key() -> None:
@@ -112,9 +113,12 @@ def test_a_terminal_entry_carries_its_usage_and_batches_still_split_and_read_bac
     _, values = batch.calls[0]
     day_key = usage_key("gen:", utc_day())
     at = [i for i, value in enumerate(values) if value == day_key]
-    assert [values[i : i + 4] for i in at] == [[day_key, 60, "acme", 4], [day_key, 60, "-", 4]]
+    assert [values[i : i + 5] for i in at] == [
+        [day_key, 60, "acme", 4, ""],
+        [day_key, 60, "-", 4, ""],
+    ]
     assert batch.entries() == entries
     assert [key for key, _ in batch.per_stream()] == ["gen:a", "gen:b"]
     assert [one.entries() for _, one in batch.per_stream()] == [entries[:2], entries[2:]]
     uncounted = WriteBatch.of_entries(entries, {})
-    assert uncounted.calls[0][1][-4:] == ["", 0, "", 0]
+    assert uncounted.calls[0][1][-5:] == ["", 0, "", 0, ""]

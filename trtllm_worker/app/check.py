@@ -46,6 +46,7 @@ async def check(settings: Settings) -> int:
     tokenizer = _check_tokenizer(settings, report)
     _check_guided_decoding(settings, report)
     _check_engine(settings, tokenizer, report)
+    _check_adapters(settings, report)
     _check_files(settings, report)
     return report.problems
 
@@ -262,6 +263,20 @@ def _check_engine(settings: Settings, tokenizer: TokenizerInfo | None, report: R
 
     version = getattr(tensorrt_llm, "__version__", "?")
     report.ok(f"engine {settings.engine}: tensorrt_llm {version} imports")
+
+
+def _check_adapters(settings: Settings, report: Report) -> None:
+    """The LoRA adapters the worker would load, or why one folder would stop it."""
+    from trtllm_worker.engine.lora import discover_adapters
+
+    if settings.lora_dir is None:
+        return
+    try:
+        adapters = discover_adapters(settings.lora_dir)
+    except ConfigError as exc:
+        report.problem(str(exc))
+        return
+    report.ok(f"LoRA adapters in {settings.lora_dir}: {adapters.describe()}")
 
 
 def _check_files(settings: Settings, report: Report) -> None:

@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         "usage",
         help="print jobs, input tokens and generated tokens per tenant and UTC day, as "
         'JSON lines {"tenant", "day", "jobs", "input_tokens", "generated_tokens"} sorted '
-        "by day then tenant (jobs without a tenant: -)",
+        "by day then tenant (jobs without a tenant: -); jobs with a LoRA adapter also "
+        'under "adapters": {name: {"jobs", "input_tokens", "generated_tokens"}}',
     )
     usage.add_argument("--tenant", metavar="T", help="only this tenant")
     usage.add_argument("--since", metavar="YYYY-MM-DD", help="only from this UTC day on")

@@ -26,6 +26,7 @@ from trtllm_worker.contract.exits import ExitCode, Unavailable
 from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.engine import engine_factory, start_engine
 from trtllm_worker.engine.looper import Looper
+from trtllm_worker.engine.lora import discover_adapters
 from trtllm_worker.engine.stats import EngineStatsCollector
 from trtllm_worker.ops.http import ProbeServer
 from trtllm_worker.ops.metrics import Metrics
@@ -124,7 +125,10 @@ class Service:
         if tokenizer.chat_template is not None:
             check_template(tokenizer.chat_template, str(tokenizer.chat_template_source))
             log.info("chat template from %s", tokenizer.chat_template_source)
-        factory = engine_factory(settings, tokenizer)
+        adapters = discover_adapters(settings.lora_dir)
+        if settings.lora_dir is not None:
+            log.info("LoRA adapters in %s: %s", settings.lora_dir, adapters.describe())
+        factory = engine_factory(settings, tokenizer, adapters)
         log.info("starting the %s engine", settings.engine)
         engine = await start_engine(factory, settings.engine_start_timeout_s)
         self.metrics.capacity.set(engine.capacity)
@@ -162,7 +166,7 @@ class Service:
         # the inbox --> stream entries, stored in one fenced call per batch
         self._pump = pump = OutputPump(settings, store, leases, self.metrics, looper, inbox)
         # Job --> EngineRequest
-        intake = Intake(settings, tokenizer, engine.limits)
+        intake = Intake(settings, tokenizer, engine.limits, adapters)
         piece_table(tokenizer.tokenizer)  # built now, not while the first job waits
         # one job: lease, intake, resume, submit to the looper, wait for the pump
         self._runner = runner = JobRunner(

@@ -267,7 +267,11 @@ class Settler:
         key = stream_key(self._settings.stream_prefix, request_id)
         try:
             ended = await self._store.end(
-                key, error_fields(error.code, error.message), error.lease, tenant=error.tenant
+                key,
+                error_fields(error.code, error.message),
+                error.lease,
+                tenant=error.tenant,
+                adapter=error.adapter,
             )
         except StreamUnusable as exc:  # the key is not a stream: the dead letter says why
             log.warning("cannot append the error entry: %s", exc.message)

@@ -6,14 +6,14 @@ prints it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
 
 from trtllm_worker.connect.redis import AnyRedis
-from trtllm_worker.streams.usage import COUNTERS, usage_day, usage_pattern
+from trtllm_worker.streams.usage import ADAPTER_PREFIX, COUNTERS, usage_day, usage_pattern
 
 SCAN_COUNT = 1000
 HGETALL_CHUNK = 500
@@ -31,10 +31,17 @@ class Usage:
     jobs: int
     input_tokens: int
     generated_tokens: int
+    adapters: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Of these totals, what jobs with a LoRA adapter used, per adapter:
+    `{name: {"jobs", "input_tokens", "generated_tokens"}}` (empty: none did)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """`{"tenant", "day", "jobs", "input_tokens", "generated_tokens"}`."""
-        return asdict(self)
+        """`{"tenant", "day", "jobs", "input_tokens", "generated_tokens"}`, with
+        `"adapters"` when jobs used one."""
+        row = asdict(self)
+        if not self.adapters:
+            del row["adapters"]
+        return row
 
 
 async def _usage_keys(client: AnyRedis, prefix: str) -> AsyncIterator[str]:
@@ -67,6 +74,7 @@ async def read_usage(
         if day is not None and (first is None or day >= first):
             days[key] = day
     totals: dict[tuple[str, str], list[int]] = {}
+    by_adapter: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
     keys = sorted(days)
     for start in range(0, len(keys), HGETALL_CHUNK):
         chunk = keys[start : start + HGETALL_CHUNK]
@@ -77,11 +85,27 @@ async def read_usage(
             for name, value in cast(dict[Any, Any], counters).items():
                 text = name.decode() if isinstance(name, bytes) else str(name)
                 counter, _, who = text.partition(":")
+                if counter.startswith(ADAPTER_PREFIX):
+                    counter = counter.removeprefix(ADAPTER_PREFIX)
+                    who, _, adapter = who.rpartition(":")
+                    if counter not in COUNTERS or (tenant is not None and who != tenant):
+                        continue
+                    per = by_adapter.setdefault((days[key], who), {})
+                    counts = per.setdefault(adapter, dict.fromkeys(COUNTERS, 0))
+                    counts[counter] += int(value)
+                    continue
                 if counter not in COUNTERS or (tenant is not None and who != tenant):
                     continue
                 row = totals.setdefault((days[key], who), [0, 0, 0])
                 row[COUNTERS.index(counter)] += int(value)
     return [
-        Usage(tenant=who, day=day, jobs=jobs, input_tokens=inputs, generated_tokens=generated)
+        Usage(
+            tenant=who,
+            day=day,
+            jobs=jobs,
+            input_tokens=inputs,
+            generated_tokens=generated,
+            adapters=dict(sorted(by_adapter.get((day, who), {}).items())),
+        )
         for (day, who), (jobs, inputs, generated) in sorted(totals.items())
     ]

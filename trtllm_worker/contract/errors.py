@@ -55,6 +55,9 @@ class WorkerError(Exception):
         self.tenant = tenant
         """The job's tenant where it is known: an `error` entry counts the job's usage
         under it (None: tenant `-`)."""
+        self.adapter: str | None = None
+        """The job's LoRA adapter, once intake found it known: the `error` entry also
+        counts under it."""
         self.lease = ""
         """The request's lease token when the job held it as it failed: its error entry
         is then written through that fence (which releases it); '' for a job that took

@@ -27,6 +27,9 @@ _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 """The characters of a request id, at most 64 of them."""
 _TENANT_RE = re.compile(TENANT_PATTERN)
+ADAPTER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""A LoRA adapter's name (its folder's): the characters of a request id but `:`, which
+separates tenant and adapter in the usage counters."""
 _RFC3339_RE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
@@ -125,6 +128,9 @@ class Job(BaseModel):
     deadline: datetime | None = None
     tenant: Annotated[str, Field(pattern=TENANT_PATTERN)] | None = None
     """Whom the job is for: its usage is counted under it (absent: `-`)."""
+    adapter: Annotated[str, Field(pattern=ADAPTER_PATTERN)] | None = None
+    """The LoRA adapter to apply: a subfolder name of `WORKER_LORA_DIR` (intake checks
+    that the worker has it)."""
     metadata: dict[str, Any] | None = None
 
     @field_validator("deadline", mode="before")

@@ -13,6 +13,7 @@ from trtllm_worker.contract.exits import Unavailable
 from trtllm_worker.engine import versions
 from trtllm_worker.engine.base import Engine
 from trtllm_worker.engine.echo import EchoEngine
+from trtllm_worker.engine.lora import Adapters
 from trtllm_worker.tokenizer import TokenizerInfo
 
 INSTALL_HINT = (
@@ -26,8 +27,11 @@ class EngineStartTimeout(Unavailable):
     """The engine did not come up within WORKER_ENGINE_START_TIMEOUT_S."""
 
 
-def engine_factory(settings: Settings, tokenizer: TokenizerInfo) -> Callable[[], Engine]:
-    """A callable that builds the engine (slow for TensorRT-LLM: it loads the model)."""
+def engine_factory(
+    settings: Settings, tokenizer: TokenizerInfo, adapters: Adapters | None = None
+) -> Callable[[], Engine]:
+    """A callable that builds the engine (slow for TensorRT-LLM: it loads the model),
+    with LoRA enabled for `adapters` where the engine serves them (the LLM API)."""
     if settings.engine == "echo":
         return lambda: EchoEngine(
             capacity=settings.max_batch,
@@ -40,7 +44,7 @@ def engine_factory(settings: Settings, tokenizer: TokenizerInfo) -> Callable[[],
         if settings.engine == "trtllm":
             from trtllm_worker.engine import trtllm
 
-            return lambda: trtllm.create(settings, tokenizer)
+            return lambda: trtllm.create(settings, tokenizer, adapters)
         from trtllm_worker.engine import trtllm_executor
 
         return lambda: trtllm_executor.create(settings, tokenizer)

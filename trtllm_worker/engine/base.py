@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from trtllm_worker.contract.stream import FinishReason
+from trtllm_worker.engine.lora import Adapter
 
 __all__ = [
     "Engine",
@@ -89,6 +90,8 @@ class EngineRequest:
     """The job's tenant: requests with different salts never share KV-cache blocks, so
     one tenant cannot learn another's prompts from cache timing. None: no tenant, no
     salt (such requests share blocks with each other only)."""
+    adapter: Adapter | None = None
+    """The job's LoRA adapter (checked at intake); None: the base model."""
 
 
 TopLogprobs = Sequence[tuple[int, float]]

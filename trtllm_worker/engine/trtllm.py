@@ -26,9 +26,11 @@ from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.llmapi import (
     GuidedDecodingParams,  # both lines; tensorrt_llm.sampling_params warns on 1.4
     KvCacheConfig,
+    LoRARequest,
     RequestError,
     RequestOutput,
 )
+from tensorrt_llm.lora_helper import LoraConfig
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
@@ -42,6 +44,7 @@ from trtllm_worker.engine.base import (
     TopLogprobs,
     stop_ids,
 )
+from trtllm_worker.engine.lora import Adapter, Adapters, discover_adapters
 from trtllm_worker.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
@@ -149,9 +152,54 @@ def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
             )
 
 
-def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
+def lora_config(adapters: Adapters, max_batch: int) -> LoraConfig | None:
+    """LoRA sized from the adapters (None: no adapters, LoRA stays off): their largest
+    rank, the modules they adapt (TensorRT-LLM's names; empty: every module, which
+    TensorRT-LLM fills in itself), as many on the GPU at once as requests in flight can
+    use (`max_loras`), and every one of them kept in the CPU cache (`max_cpu_loras`), so
+    an adapter evicted from the GPU (LRU) is reloaded from memory, not from disk. No
+    `lora_dir`: the adapters are loaded on first use, not all at start
+    (tensorrt_llm/lora_helper.py @ 037d4ba1; docs/source/features/lora.md)."""
+    if not adapters:
+        return None
+    return LoraConfig(
+        max_lora_rank=adapters.max_rank,
+        lora_target_modules=adapters.target_modules or [],
+        max_loras=min(len(adapters), max_batch),
+        max_cpu_loras=len(adapters),
+    )
+
+
+def check_extra_lora(adapters: Adapters, extra: dict[str, Any]) -> None:
+    """A `lora_config` in the extra options is used instead of the worker's (to size the
+    caches differently); refused at start when it cannot hold an adapter's rank, which
+    would fail that adapter's every job."""
+    given = extra.get("lora_config")
+    if given is None or not adapters:
+        return
+    rank = given.get("max_lora_rank", 64) if isinstance(given, dict) else None
+    rank = getattr(given, "max_lora_rank", rank)
+    if isinstance(rank, int) and rank < adapters.max_rank:
+        raise ConfigError(
+            "invalid setting WORKER_LLM_EXTRA_OPTIONS: its lora_config has max_lora_rank "
+            f"{rank}, below the rank {adapters.max_rank} of an adapter in WORKER_LORA_DIR; "
+            "raise it or leave lora_config out (the worker sizes it from the adapters)"
+        )
+
+
+def lora_request(adapter: Adapter) -> LoRARequest:
+    """The adapter for `generate_async`: its name, its stable id (TensorRT-LLM caches
+    adapters by it) and its folder."""
+    return LoRARequest(adapter.name, adapter.id, str(adapter.path))
+
+
+def create(
+    settings: Settings, tokenizer: TokenizerInfo, adapters: Adapters | None = None
+) -> LlmApiEngine:
     """Load the model (minutes for a large one) and wrap it."""
     assert settings.model is not None  # the settings validator requires it
+    if adapters is None:
+        adapters = discover_adapters(settings.lora_dir)
     kwargs: dict[str, Any] = {
         "tensor_parallel_size": settings.tensor_parallel_size,
         "max_batch_size": settings.max_batch,
@@ -179,8 +227,13 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
     if settings.guided_decoding != "none":
         # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
         kwargs["guided_decoding_backend"] = settings.guided_decoding
+    lora = lora_config(adapters, settings.max_batch)
+    if lora is not None:
+        # without a lora_config, TensorRT-LLM ignores a request's lora_request silently
+        kwargs["lora_config"] = lora
     extra = read_extra_options(settings.llm_extra_options)
     check_extra_options(settings, extra)
+    check_extra_lora(adapters, extra)
     kwargs.update(extra)
     if "scheduler_config" not in extra and takes_priority_keyword():
         # a job's priority takes effect only with the priority waiting queue
@@ -188,6 +241,14 @@ def create(settings: Settings, tokenizer: TokenizerInfo) -> LlmApiEngine:
         from tensorrt_llm.llmapi import SchedulerConfig
 
         kwargs["scheduler_config"] = SchedulerConfig(waiting_queue_policy="priority")
+    if lora is not None:
+        log.info(
+            "LoRA: %d adapters, max rank %d, %d on the GPU at once%s",
+            len(adapters),
+            adapters.max_rank,
+            lora.max_loras,
+            " (lora_config from WORKER_LLM_EXTRA_OPTIONS)" if "lora_config" in extra else "",
+        )
     log.info("TensorRT-LLM %s: loading %s", tensorrt_llm.__version__, settings.model)
     try:
         llm = LLM(model=str(settings.model), skip_tokenizer_init=True, **kwargs)
@@ -257,9 +318,10 @@ def submit_options(
 ) -> dict[str, Any]:
     """The keywords of `generate_async` beyond the prompt and sampling: the tenant as
     `cache_salt` (KV-cache blocks are reused only between requests with the same salt),
-    the job's priority where the engine takes one, and the job's W3C trace context as
-    `trace_headers` where it takes them. Unset ones are left out, so the engine's
-    defaults apply (no salt; priority 0.5; no trace)."""
+    the job's priority where the engine takes one, its LoRA adapter as `lora_request`,
+    and the job's W3C trace context as `trace_headers` where it takes them. Unset ones
+    are left out, so the engine's defaults apply (no salt; priority 0.5; the base model;
+    no trace)."""
     options: dict[str, Any] = {}
     if request.cache_salt is not None:
         options["cache_salt"] = request.cache_salt
@@ -267,6 +329,8 @@ def submit_options(
         options["priority"] = request.priority
     if trace_headers and request.trace_headers:
         options["trace_headers"] = dict(request.trace_headers)
+    if request.adapter is not None:
+        options["lora_request"] = lora_request(request.adapter)
     return options
 
 

@@ -138,6 +138,8 @@ def describe_job(trace: JobTrace, job: Job, model: str) -> None:
     attributes["trtllm_worker.request_id"] = job.request_id
     if job.tenant is not None:
         attributes["trtllm_worker.tenant"] = job.tenant
+    if job.adapter is not None:
+        attributes["trtllm_worker.adapter"] = job.adapter
     params = job.parameters
     if params.temperature is not None:
         attributes["gen_ai.request.temperature"] = params.temperature

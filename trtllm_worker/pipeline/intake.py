@@ -11,6 +11,7 @@ from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import InputTooLong, InvalidJob
 from trtllm_worker.contract.job import Job, JobLimits, parse_job
 from trtllm_worker.engine.base import EngineLimits
+from trtllm_worker.engine.lora import Adapter, Adapters
 from trtllm_worker.pipeline.chat import render_chat
 from trtllm_worker.pipeline.grammar import CompiledGrammar, compile_grammar
 from trtllm_worker.tokenizer import TokenizerInfo
@@ -153,6 +154,22 @@ def _check_vocabulary(
         )
 
 
+def check_adapter(job: Job, adapters: Adapters) -> Adapter | None:
+    """The job's LoRA adapter; `InvalidJob` naming `adapter` when the worker has no
+    such adapter (with no `WORKER_LORA_DIR` it has none)."""
+    if job.adapter is None:
+        return None
+    adapter = adapters.get(job.adapter)
+    if adapter is None:
+        known = ", ".join(adapters) if adapters else "none (WORKER_LORA_DIR is unset or empty)"
+        raise InvalidJob(
+            f"adapter: unknown adapter {job.adapter!r}; this worker's adapters: {known}",
+            request_id=job.request_id,
+            tenant=job.tenant,
+        )
+    return adapter
+
+
 def job_limits(settings: Settings) -> JobLimits:
     return JobLimits(settings.max_new_tokens, settings.default_max_new_tokens)
 
@@ -161,18 +178,24 @@ class Intake:
     """Validates and tokenizes jobs with one worker's settings and tokenizer."""
 
     def __init__(
-        self, settings: Settings, tokenizer: TokenizerInfo, engine: EngineLimits | None = None
+        self,
+        settings: Settings,
+        tokenizer: TokenizerInfo,
+        engine: EngineLimits | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self._settings = settings
         self._limits = job_limits(settings)
         self._engine = engine or EngineLimits()
         self.tokenizer = tokenizer
+        self.adapters = adapters or Adapters()
 
     def read(self, body: bytes, *, content_type: str | None, message_id: str | None) -> Job:
-        """The job in a message body; `InvalidJob` naming the field."""
-        return parse_job(
-            body, content_type=content_type, message_id=message_id, limits=self._limits
-        )
+        """The job in a message body; `InvalidJob` naming the field (an unknown
+        `adapter` included: it can never run here, so it is dead-lettered)."""
+        job = parse_job(body, content_type=content_type, message_id=message_id, limits=self._limits)
+        check_adapter(job, self.adapters)
+        return job
 
     async def prepare(self, job: Job) -> PreparedInput:
         """Render and tokenize: off the event loop for long prompts."""

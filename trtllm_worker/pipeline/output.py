@@ -45,6 +45,7 @@ class RequestState:
         "_detok",
         "_gate",
         "abort_cause",
+        "adapter",
         "done",
         "end_ids",
         "engine_id",
@@ -86,10 +87,13 @@ class RequestState:
         metadata_json: str | None = None,
         lease: str = "",
         tenant: str | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.tenant = tenant
         """Whom the job is for: its terminal entry counts its usage under it."""
+        self.adapter = adapter
+        """The job's LoRA adapter: its usage is also counted under it, per tenant."""
         self.key = key
         self.script_keys = (key, lease_key(key))
         self.slot = key_slot(key.encode())
@@ -360,6 +364,11 @@ class OutputProcessor:
             args = batch.write.begin(state.script_keys, state.slot, state.lease, seq)
         # an engine error counts the prompt too: the engine had it
         batch.write.end(
-            args, entry_id(state.next_index + 1), fields, state.tenant, state.input_tokens
+            args,
+            entry_id(state.next_index + 1),
+            fields,
+            state.tenant,
+            state.input_tokens,
+            state.adapter,
         )
         batch.finished.append((state, Terminal(fields, state.next_index)))

@@ -31,7 +31,7 @@ from trtllm_worker.ops.tracing import (
     JobTrace,
     trace_context,
 )
-from trtllm_worker.pipeline.intake import Intake, PreparedInput
+from trtllm_worker.pipeline.intake import Intake, PreparedInput, check_adapter
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
 from trtllm_worker.pipeline.pump import RETRY_MAX_S, OutputPump
@@ -173,6 +173,7 @@ class JobRunner:
             if exc.writes_error_entry and self._leases.forget(key, token):
                 exc.lease = token  # settling writes the error entry with it
             exc.tenant = job.tenant  # and counts the job under it
+            exc.adapter = job.adapter
             raise
         finally:
             leases = {key: token} if self._leases.forget(key, token) else {}
@@ -295,6 +296,7 @@ class JobRunner:
             metadata_json=None if job.metadata is None else metadata_json(job.metadata),
             lease=self._leases.token(key),
             tenant=job.tenant,
+            adapter=job.adapter,
         )
 
     def _resume(
@@ -339,6 +341,7 @@ class JobRunner:
                 lease,
                 entry_id(state.next_index + 1),
                 tenant=state.tenant,
+                adapter=state.adapter,
             )
         )
         if ended is Ended.NOT_OURS:
@@ -389,6 +392,7 @@ class JobRunner:
             priority=priority / MAX_PRIORITY,
             cache_salt=job.tenant,
             trace_headers=trace_context(trace),
+            adapter=check_adapter(job, self._intake.adapters),
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)

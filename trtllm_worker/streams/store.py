@@ -256,17 +256,19 @@ class StreamStore:
         seq_id: str = AFTER_TAIL,
         *,
         tenant: str | None = None,
+        adapter: str | None = None,
     ) -> Ended:
         """End one stream with `fields` (a `done` or `error` entry) through the same fenced
         path as a batch: with `lease` its holder's token, or '' for a job that took none
         (it then writes only where no worker holds the lease). `seq_id` AFTER_TAIL
         appends after whatever the stream holds, unless it has ended already. When it is
-        stored, the job counts under `tenant` (None: `-`), with the input tokens `fields`
-        give (an error entry gives none: the job never reached the engine). Raises
+        stored, the job counts under `tenant` (None: `-`) and `adapter`, with the input
+        tokens `fields` give (an error entry gives none: the job never reached the
+        engine). Raises
         `StreamUnusable` when the key is not a stream."""
         batch = WriteBatch(usage=self.usage)
         args = batch.begin((key, lease_key(key)), 0, lease, 1)
-        batch.end(args, seq_id, fields, tenant, int(fields.get("input_tokens", 0)))
+        batch.end(args, seq_id, fields, tenant, int(fields.get("input_tokens", 0)), adapter)
         keys, values = batch.calls[0]
         result = (await self._nodes.write_one(keys, values))[0]
         if isinstance(result, bytes):

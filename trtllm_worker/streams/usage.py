@@ -5,7 +5,9 @@ its terminal entry, and only when that call stores it: a redelivered, paused or
 duplicated job ends its stream once, so it is counted once.
 
 Keys (one hash per UTC day, fields `jobs:<tenant>`, `input_tokens:<tenant>`,
-`generated_tokens:<tenant>`):
+`generated_tokens:<tenant>`, and for a job with a LoRA adapter also the same three
+prefixed `adapter_` under `<tenant>:<adapter>`: a breakdown of the tenant's totals, which
+it never changes):
 
 - one node (Sentinel included): `<prefix>_usage:<YYYY-MM-DD>`;
 - Redis Cluster: `<prefix>_usage:<YYYY-MM-DD>:{<tag>}`, `<tag>` a short string that hashes
@@ -31,7 +33,10 @@ NO_TENANT: Final = "-"
 USAGE_INFIX: Final = "_usage:"
 COUNTERS: Final = ("jobs", "input_tokens", "generated_tokens")
 """The hash fields are `<counter>:<tenant>` (a counter's name holds no colon)."""
-NOT_COUNTED: Final = ("", 0, "", 0)
+ADAPTER_PREFIX: Final = "adapter_"
+"""`adapter_<counter>:<tenant>:<adapter>`: the part of a tenant's counter that used
+`adapter` (a tenant may hold colons, an adapter's name holds none)."""
+NOT_COUNTED: Final = ("", 0, "", 0, "")
 """A terminal entry's usage values when nothing is counted (a store built without usage)."""
 
 
@@ -100,12 +105,19 @@ class UsageKeys:
         return usage_key(self.prefix, day, slot_tags()[key_slot(stream.encode())])
 
     def values(
-        self, stream: str, tenant: str | None, input_tokens: int
-    ) -> tuple[str, int, str, int]:
-        """`write.lua`'s usage values of a terminal entry: key, TTL, tenant, input tokens
-        (the script counts the generated tokens itself: the token entries before the
-        terminal one). The day is this worker's UTC day, not the script's `TIME`: the whole
-        key, slot tag included, is named here where the slot table is, and the script
-        stays deterministic. Clocks apart by a little move a job ending at midnight to
-        the next day or the one before, nothing worse."""
-        return (self.key(stream, utc_day()), self.ttl_s, tenant or NO_TENANT, input_tokens)
+        self, stream: str, tenant: str | None, input_tokens: int, adapter: str | None = None
+    ) -> tuple[str, int, str, int, str]:
+        """`write.lua`'s usage values of a terminal entry: key, TTL, tenant, input tokens,
+        LoRA adapter ('' for none) (the script counts the generated tokens itself: the
+        token entries before the terminal one). The day is this worker's UTC day, not
+        the script's `TIME`: the whole key, slot tag included, is named here where the
+        slot table is, and the script stays deterministic. Clocks apart by a little
+        move a job ending at midnight to the next day or the one before, nothing
+        worse."""
+        return (
+            self.key(stream, utc_day()),
+            self.ttl_s,
+            tenant or NO_TENANT,
+            input_tokens,
+            adapter or "",
+        )

@@ -117,16 +117,18 @@ class WriteBatch:
         fields: Fields,
         tenant: str | None = None,
         input_tokens: int = 0,
+        adapter: str | None = None,
     ) -> None:
         """The open part's terminal entry (`seq_id` AFTER_TAIL: after the stream's tail),
-        which counts the job's usage under `tenant` when it is stored."""
+        which counts the job's usage under `tenant` (and `adapter`, a breakdown) when it
+        is stored."""
         args[self._code_at] += WITH_END
         self.ended.append(self._key)
         args += (seq_id, len(fields), *chain.from_iterable(fields.items()))
         if self._usage is None:
             args += NOT_COUNTED
         else:
-            args += self._usage.values(self._key, tenant, input_tokens)
+            args += self._usage.values(self._key, tenant, input_tokens, adapter)
 
     def per_stream(self) -> list[tuple[str, WriteBatch]]:
         """The batch as one batch per stream (its parts in order), to write the streams

@@ -9,7 +9,8 @@
 -- entry follows), then n token ids, n texts, (n logprobs, '' for none), (n top logprobs
 -- as JSON text, '' for none), then (the terminal entry) its id ('': after
 -- the tail, unless the stream has ended already), the number of fields, field, value, ...,
--- then its usage: the usage key ('': not counted), its TTL, the tenant, the input tokens.
+-- then its usage: the usage key ('': not counted), its TTL, the tenant, the input tokens,
+-- the LoRA adapter ('': none).
 -- Token entry k (from 0) gets id 0-<seq + k> and index seq + k - 1.
 --
 -- Returns per part the entries written, -1 when the fence refused (the lease is
@@ -57,17 +58,26 @@ end
 -- (ids 0-1 .. 0-n, the terminal one 0-<n + 1>). The key lives `usage_ttl` seconds after
 -- its last write. The key is the stream's slot's (streams/usage.py), never declared: a
 -- script may touch an undeclared key of its own slot.
-local function count(usage, id, tenant, input_tokens, usage_ttl)
+-- A job with a LoRA adapter is also counted under `adapter_<counter>:<tenant>:<adapter>`
+-- (an adapter's name holds no colon): a breakdown of the tenant's totals, never added
+-- to them.
+local function count(usage, id, tenant, input_tokens, usage_ttl, adapter)
   if usage == '' then return end
   local generated = tonumber(string.match(id, '-(%d+)$')) - 1
   redis.call('HINCRBY', usage, 'jobs:' .. tenant, 1)
   redis.call('HINCRBY', usage, 'input_tokens:' .. tenant, input_tokens)
   redis.call('HINCRBY', usage, 'generated_tokens:' .. tenant, generated)
+  if adapter ~= nil and adapter ~= '' then
+    local who = tenant .. ':' .. adapter
+    redis.call('HINCRBY', usage, 'adapter_jobs:' .. who, 1)
+    redis.call('HINCRBY', usage, 'adapter_input_tokens:' .. who, input_tokens)
+    redis.call('HINCRBY', usage, 'adapter_generated_tokens:' .. who, generated)
+  end
   redis.call('EXPIRE', usage, usage_ttl)
 end
 
 -- The one place a stream ends: its terminal entry, its expiry, its lease released, its
--- job's usage counted (`usage`: key, TTL, tenant, input tokens). A stream found ended
+-- job's usage counted (`usage`: key, TTL, tenant, input tokens, adapter). A stream found ended
 -- already, or a terminal entry an earlier try stored, counts nothing.
 local function end_stream(stream, lease, token, id, fields, usage)
   if id == '' then
@@ -87,7 +97,7 @@ local function end_stream(stream, lease, token, id, fields, usage)
   if type(result) == 'string' then return result end
   redis.call('EXPIRE', stream, ttl)
   if token ~= '' then redis.call('DEL', lease) end
-  if result == 1 then count(usage[1], id, usage[3], tonumber(usage[4]), usage[2]) end
+  if result == 1 then count(usage[1], id, usage[3], tonumber(usage[4]), usage[2], usage[5]) end
   return result
 end
 
@@ -104,7 +114,7 @@ for s = 1, #K, 2 do
   local tops = texts + (with_logprobs and 2 or 1) * count
   local after = tops + (with_top and 1 or 0) * count
   local nfields = has_end and tonumber(argv[after + 1]) or 0
-  a = has_end and after + 2 + nfields * 2 + 4 or after
+  a = has_end and after + 2 + nfields * 2 + 5 or after
   local first = nil
   if count > 0 then
     first = seq
@@ -145,7 +155,7 @@ for s = 1, #K, 2 do
       local fields = {}
       for k = 1, nfields * 2 do fields[k] = argv[after + 1 + k] end
       local u = after + 2 + nfields * 2
-      local usage = {argv[u], argv[u + 1], argv[u + 2], argv[u + 3]}
+      local usage = {argv[u], argv[u + 1], argv[u + 2], argv[u + 3], argv[u + 4]}
       local ended = end_stream(stream, lease, token, argv[after], fields, usage)
       if type(ended) == 'string' then result = ended else result = result + ended end
     end

@@ -7,7 +7,7 @@
 # verified, so the 1.2 double leaves it out.
 from tests.doubles import fake_gpu
 
-from ..executor import CompletionOutput, RequestError
+from ..executor import CompletionOutput, LoRARequest, RequestError
 from ..executor.params.sampling import GuidedDecodingParams, SamplingParams
 from .llm import LLM, RequestOutput
 from .llm_args import KvCacheConfig, SchedulerConfig
@@ -17,6 +17,7 @@ __all__ = [
     "CompletionOutput",
     "GuidedDecodingParams",
     "KvCacheConfig",
+    "LoRARequest",
     "RequestError",
     "RequestOutput",
     "SamplingParams",

@@ -157,7 +157,9 @@ class LLM:
         The 1.2 signature (llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25): no
         `priority`, so passing one is a TypeError; installed as 1.4 the double uses
         `_generate_async_1_4` instead."""
-        return self._submit(inputs, sampling_params, streaming, cache_salt, {})
+        return self._submit(
+            inputs, sampling_params, streaming, cache_salt, self._lora_options(lora_request)
+        )
 
     def _generate_async_1_4(
         self,
@@ -186,10 +188,23 @@ class LLM:
             raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
         # trace_headers (Optional[Mapping[str, str]]) goes on to the executor's request
         # as is (llm.py @ 1f064c46); the double records it when given
-        options: dict[str, Any] = {"priority": priority}
+        options: dict[str, Any] = {"priority": priority, **self._lora_options(lora_request)}
         if trace_headers is not None:
             options["trace_headers"] = dict(trace_headers)
         return self._submit(inputs, sampling_params, streaming, cache_salt, options)
+
+    def _lora_options(self, lora_request: Any | None) -> dict[str, Any]:
+        """What the double records of a request's adapter. The real worker applies it only
+        when the LLM has a `lora_config` (executor/base_worker.py @ 037d4ba1,
+        `_enqueue_request`: `if self._lora_manager is not None and request.lora_request is
+        not None`, and the LoRA manager is made only with a lora_config); without one the
+        request runs on the base model and nothing says so. Recorded as `lora_request`
+        when applied, `lora_request_ignored` when not."""
+        if lora_request is None:
+            return {}
+        if self.args.lora_config is None:
+            return {"lora_request_ignored": lora_request}
+        return {"lora_request": lora_request}
 
     def _submit(
         self,

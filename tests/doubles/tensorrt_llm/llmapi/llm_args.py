@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tests.doubles import fake_gpu
 
+from ..lora_helper import LoraConfig
+
 _LINE_1_4 = fake_gpu.line() >= (1, 4)
 
 
@@ -136,6 +138,9 @@ class _ModelledArgs(BaseModel):
     # builds no guided decoder, and a request's guided_decoding is then ignored
     guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     num_postprocess_workers: int = 0
+    # BaseLlmArgs: `lora_config: Optional[LoraConfig]` (a dataclass: a YAML mapping is
+    # validated into one); a request's lora_request is applied only with it
+    lora_config: LoraConfig | None = None
 
 
 class _TorchLlmArgs12(_ModelledArgs):
@@ -175,7 +180,6 @@ class _TorchLlmArgs12(_ModelledArgs):
     iter_stats_max_iterations: Any = None
     kv_connector_config: Any = None
     load_format: Any = "auto"
-    lora_config: Any = None
     mm_encoder_only: Any = None
     moe_cluster_parallel_size: Any = None
     moe_config: Any = None
