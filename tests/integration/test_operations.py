@@ -175,7 +175,9 @@ async def test_engine_death_hands_jobs_back_and_turns_unready(
 ) -> None:
     engines: list[FailingEngine] = []
 
-    def factory(settings: Settings, tokenizer: object) -> Callable[[], Engine]:
+    def factory(
+        settings: Settings, tokenizer: object, adapters: object = None
+    ) -> Callable[[], Engine]:
         def create() -> Engine:
             engine = FailingEngine(EchoEngine(capacity=settings.max_batch, step_s=0.01))
             engines.append(engine)
