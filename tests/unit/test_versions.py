@@ -54,7 +54,8 @@ def _fake_distribution(root: Path, version: str) -> Path:
 def test_the_image_build_check(tmp_path: Path, version: str, ok: bool) -> None:
     """What the Dockerfile's gpu stage runs on the base image's installed TensorRT-LLM."""
     site = _fake_distribution(tmp_path, version)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.getcwd()])}
+    source_root = str(Path(versions.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), source_root])}
     done = subprocess.run(
         [sys.executable, "-m", "trtllm_worker.engine.versions"],
         env=env,

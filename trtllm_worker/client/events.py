@@ -14,6 +14,13 @@ from trtllm_worker.client.errors import StreamFormatError
 from trtllm_worker.contract.job import describe
 
 
+def _json_text(value: object) -> object:
+    """A field Redis holds as JSON text, decoded before validation."""
+    if isinstance(value, str | bytes):
+        return json.loads(value)
+    return value
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -34,12 +41,7 @@ class TokenEvent(_Entry):
     """With `top_logprobs`: the most likely tokens at this position as
     `(token_id, logprob)`, most likely first."""
 
-    @field_validator("top_logprobs", mode="before")
-    @classmethod
-    def _top_json(cls, value: object) -> object:
-        if isinstance(value, str | bytes):
-            return json.loads(value)
-        return value
+    _top_json = field_validator("top_logprobs", mode="before")(_json_text)
 
 
 class DoneEvent(_Entry):
@@ -52,12 +54,7 @@ class DoneEvent(_Entry):
     generated_text: str
     metadata: dict[str, Any] | None = None
 
-    @field_validator("metadata", mode="before")
-    @classmethod
-    def _json(cls, value: object) -> object:
-        if isinstance(value, str | bytes):
-            return json.loads(value)
-        return value
+    _json = field_validator("metadata", mode="before")(_json_text)
 
 
 class ErrorEvent(_Entry):

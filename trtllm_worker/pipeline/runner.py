@@ -31,7 +31,7 @@ from trtllm_worker.ops.tracing import (
     JobTrace,
     trace_context,
 )
-from trtllm_worker.pipeline.intake import Intake, PreparedInput, check_adapter
+from trtllm_worker.pipeline.intake import Intake, PreparedInput
 from trtllm_worker.pipeline.leases import Leases, lease_lost
 from trtllm_worker.pipeline.output import RequestState, Terminal
 from trtllm_worker.pipeline.pump import RETRY_MAX_S, OutputPump
@@ -392,7 +392,8 @@ class JobRunner:
             priority=priority / MAX_PRIORITY,
             cache_salt=job.tenant,
             trace_headers=trace_context(trace),
-            adapter=check_adapter(job, self._intake.adapters),
+            # checked when the message was read (an unknown one is dead-lettered there)
+            adapter=None if job.adapter is None else self._intake.adapters[job.adapter],
         )
         done = self._pump.add(state)
         self._metrics.input_tokens.inc(state.input_tokens)
