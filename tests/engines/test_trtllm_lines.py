@@ -115,3 +115,29 @@ def test_a_request_error_of_a_running_request_ends_only_it_on_1_4(
         outputs = drive(engine, [poisoned, full_request(2)])
     assert outputs[1][-1].error is not None
     assert outputs[2][-1].finish in {FinishReason.LENGTH, FinishReason.EOS_TOKEN}
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "trtllm-executor"])
+def test_a_release_older_than_supported_stops_the_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engine: str
+) -> None:
+    """Both adapters check the installed release before loading anything (versions.py):
+    an older line lacks what they call, so the worker names the supported range instead
+    of failing later on a missing keyword."""
+    gpu = install_double(monkeypatch, "1.1.0")
+    with pytest.raises(ConfigError) as raised:
+        create_trtllm(trtllm_settings(tmp_path, engine))
+    message = str(raised.value)
+    assert message.startswith("TensorRT-LLM 1.1.0 is too old")
+    assert "tensorrt-llm>=1.2,<1.5" in message
+    assert "\n" not in message
+    assert gpu.llm_kwargs == []  # nothing was loaded
+
+
+def test_a_newer_line_than_tested_starts_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    install_double(monkeypatch, "1.5.0rc0")
+    with caplog.at_level("WARNING", logger="trtllm_worker.engine.versions"):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm")).shutdown()
+    assert "TensorRT-LLM 1.5.0rc0 is newer than the lines the worker is tested on" in caplog.text

@@ -35,6 +35,7 @@ from tensorrt_llm.lora_helper import LoraConfig
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.contract.job import MAX_TOP_LOGPROBS
+from trtllm_worker.engine import versions
 from trtllm_worker.engine.base import (
     EngineLimits,
     EngineOutput,
@@ -79,12 +80,6 @@ TORCH_SAMPLER_IGNORES_1_4 = ("seed",)
 (PR #17172, `sampler/seed_manager.py` @ 2341856e) are "only partially effective": the
 pinned FlashInfer reads one seed per sampling call, so a seeded request is reproducible
 only when sampled alone. A job's seed is therefore still refused there."""
-
-
-def release_line() -> tuple[int, int]:
-    """(major, minor) of the installed TensorRT-LLM ("1.4.0rc1" -> (1, 4))."""
-    major, minor = ([*str(tensorrt_llm.__version__).split("."), "0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def ignored_parameters(sampler: str, line: tuple[int, int] = (1, 2)) -> dict[str, str]:
@@ -198,6 +193,7 @@ def create(
 ) -> LlmApiEngine:
     """Load the model (minutes for a large one) and wrap it."""
     assert settings.model is not None  # the settings validator requires it
+    versions.check(tensorrt_llm.__version__)
     if adapters is None:
         adapters = discover_adapters(settings.lora_dir)
     kwargs: dict[str, Any] = {
@@ -430,7 +426,7 @@ class LlmApiEngine:
             max_seq_len=args.max_seq_len,
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
             ignored_parameters=ignored_parameters(
-                str(_field(args, "sampler_type")), release_line()
+                str(_field(args, "sampler_type")), versions.release(tensorrt_llm.__version__)
             ),
             max_top_logprobs=max_top,
             top_logprobs_why=top_why,

@@ -22,6 +22,7 @@ import tensorrt_llm.bindings.executor as tle
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.engine import versions
 from trtllm_worker.engine.base import (
     EngineLimits,
     EngineOutput,
@@ -180,6 +181,7 @@ def require_executor() -> None:
 
 def create(settings: Settings, tokenizer: TokenizerInfo) -> ExecutorEngine:
     assert settings.engine_dir is not None  # the settings validator requires it
+    versions.check(tensorrt_llm.__version__)
     require_executor()
     world_size = engine_world_size(settings.engine_dir)
     build = engine_config(settings.engine_dir).get("build_config") or {}
