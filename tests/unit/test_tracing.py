@@ -62,10 +62,12 @@ def test_protocols() -> None:
 
 
 def exported(record: bytes) -> Any:
+    """The span the exporter process builds from a packed trace (its provider, its ids)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    ids = otel.PresetIds()
+    provider = TracerProvider(id_generator=ids)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    otel.export(provider.get_tracer("test"), msgpack.unpackb(record))
+    otel.export(provider.get_tracer("test"), msgpack.unpackb(record), ids)
     (span,) = exporter.get_finished_spans()
     return span
 
@@ -105,13 +107,50 @@ def test_a_failed_job_is_an_error_span_and_a_message_in_the_future_starts_at_rec
     assert span.start_time <= span.events[0].timestamp  # a producer's clock ahead is clamped
 
 
-def test_the_trace_context_handed_to_the_engine_is_the_messages_w3c_headers() -> None:
-    """Only traceparent and tracestate, only when traces are on and the message has one."""
+def test_the_engine_gets_the_job_spans_context_so_its_spans_are_children() -> None:
+    """TensorRT-LLM 1.4 starts its spans under `trace_headers`: they name the job's span
+    as parent, in the producer's trace, with the message's tracestate; the exporter
+    process gives the job's span exactly those ids when the job ends."""
     from trtllm_worker.ops.tracing import begin_trace, trace_context
 
-    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    headers = {"traceparent": parent, "tracestate": b"vendor=1", "x-other": "no"}
-    trace = begin_trace(headers, None, 0.0, "jobs", None)
-    assert trace_context(trace) == {"traceparent": parent, "tracestate": "vendor=1"}
+    trace_id, producer = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {"traceparent": f"00-{trace_id}-{producer}-01", "tracestate": b"vendor=1"}
+    trace = begin_trace({**headers, "x-other": "no"}, None, time.monotonic(), "jobs", None)
+    context = trace_context(trace)
+    assert context is not None
+    assert set(context) == {"traceparent", "tracestate"}
+    assert context["tracestate"] == "vendor=1"
+    version, engine_trace, engine_parent, flags = context["traceparent"].split("-")
+    assert (version, engine_trace, flags) == ("00", trace_id, "01")
+    assert engine_parent != producer
+
+    span = exported(trace.packed(None))
+    assert span.context.trace_id == int(trace_id, 16)
+    assert span.context.span_id == int(engine_parent, 16)  # the engine's spans' parent
+    assert span.parent.span_id == int(producer, 16)  # the job's span: the producer's child
     assert trace_context(None) is None
-    assert trace_context(begin_trace({"x-other": "no"}, None, 0.0, "jobs", None)) is None
+
+
+def test_a_job_without_trace_headers_still_gives_the_engine_its_span_as_parent() -> None:
+    from trtllm_worker.ops.tracing import begin_trace, trace_context
+
+    first = begin_trace({"x-other": "no"}, None, time.monotonic(), "jobs", None)
+    second = begin_trace(None, None, time.monotonic(), "jobs", None)
+    context = trace_context(first)
+    assert context is not None
+    assert set(context) == {"traceparent"}
+    _, trace_id, span_id, flags = context["traceparent"].split("-")
+    span = exported(first.packed(None))
+    assert span.parent is None  # a trace of its own
+    assert (span.context.trace_id, span.context.span_id) == (int(trace_id, 16), int(span_id, 16))
+    assert flags == "01"
+    assert trace_context(second) != context  # every job its own ids
+
+
+def test_the_exporter_picks_ids_again_for_a_span_it_was_not_given_any_for() -> None:
+    """The preset ids serve one span: whatever else the SDK asks for gets random ones."""
+    ids = otel.PresetIds()
+    ids.trace_id, ids.span_id = 7, 9
+    assert (ids.generate_trace_id(), ids.generate_span_id()) == (7, 9)
+    assert ids.generate_span_id() not in (0, 9)
+    assert ids.generate_trace_id() not in (0, 7)

@@ -22,6 +22,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from trtllm_worker.ops.tracing import protocol_of
@@ -72,10 +73,36 @@ def _attributes(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
 
 
-def export(tracer: Tracer, record: list[Any]) -> None:
-    """One packed job trace (`JobTrace.packed`) as one span."""
-    name, start_ns, end_ns, carrier, attributes, events, error = record
+class PresetIds(IdGenerator):
+    """The ids the worker picked for the job's span (`JobTrace`), which the SDK asks its
+    id generator for: an engine's spans already name this span as their parent."""
+
+    def __init__(self) -> None:
+        self._fallback = RandomIdGenerator()
+        self.trace_id: int | None = None
+        self.span_id: int | None = None
+
+    def generate_trace_id(self) -> int:
+        trace_id, self.trace_id = self.trace_id, None
+        return trace_id or self._fallback.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        span_id, self.span_id = self.span_id, None
+        return span_id or self._fallback.generate_span_id()
+
+
+IDS = PresetIds()
+"""The id generator of the process's tracer provider (`main`)."""
+
+
+def export(tracer: Tracer, record: list[Any], ids: PresetIds = IDS) -> None:
+    """One packed job trace (`JobTrace.packed`) as one span, with the ids the worker
+    picked (`ids` must be the id generator of `tracer`'s provider)."""
+    name, start_ns, end_ns, carrier, attributes, events, error, trace_id, span_id = record
     parent = propagate.extract(carrier) if carrier else None
+    # the SDK asks for a trace id only without a valid parent, and for one span id
+    ids.trace_id = int.from_bytes(trace_id, "big")
+    ids.span_id = int.from_bytes(span_id, "big")
     span = tracer.start_span(
         name,
         context=parent,
@@ -99,7 +126,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     instance_id = argv[1] if len(argv) > 1 else f"pid:{os.getppid()}"
-    provider = TracerProvider(resource=resource_for(instance_id))
+    provider = TracerProvider(resource=resource_for(instance_id), id_generator=IDS)
     provider.add_span_processor(BatchSpanProcessor(exporter_for(protocol_of(os.environ))))
     tracer = provider.get_tracer("trtllm-worker", _package_version())
     sys.stdout.write("ready\n")

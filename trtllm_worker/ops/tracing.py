@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import random
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -64,17 +66,49 @@ FLUSH_S = 0.05
 log = logging.getLogger(__name__)
 
 
+TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+"""A W3C traceparent of version 00 (lower case, as the specification writes it)."""
+
+
+def _nonzero(bits: int) -> int:
+    """A random id of `bits` bits; W3C forbids the all-zero id."""
+    return random.getrandbits(bits) or 1
+
+
 class JobTrace:
     """What happened to one job, as the worker saw it: monotonic times and attributes,
-    turned into one span by `Tracing.finish`."""
+    turned into one span by `Tracing.finish`.
 
-    __slots__ = ("_mono", "_wall_ns", "attributes", "carrier", "events", "name", "published_ns")
+    The span's ids are picked here, when the job is received, not by the exporter
+    process when it ends: the engine's own spans (TensorRT-LLM's `trace_headers`) can
+    then name the job's span as their parent while the job runs."""
+
+    __slots__ = (
+        "_mono",
+        "_wall_ns",
+        "attributes",
+        "carrier",
+        "events",
+        "flags",
+        "name",
+        "published_ns",
+        "span_id",
+        "trace_id",
+    )
 
     def __init__(
         self, carrier: dict[str, str], published_ns: int | None, received_at: float
     ) -> None:
         self.carrier = carrier
         """The message's trace headers (`traceparent`, `tracestate`, …)."""
+        parent = TRACEPARENT.match(carrier.get("traceparent", "").strip().lower())
+        if parent is not None and int(parent.group(1), 16) and int(parent.group(2), 16):
+            self.trace_id = int(parent.group(1), 16)
+            self.flags = parent.group(3)
+        else:  # no parent, or one OpenTelemetry would not take: a trace of its own
+            self.trace_id = _nonzero(128)
+            self.flags = "01"
+        self.span_id = _nonzero(64)
         self._wall_ns = time.time_ns()
         self._mono = received_at
         self.published_ns = None if published_ns is None else min(published_ns, self._wall_ns)
@@ -95,7 +129,17 @@ class JobTrace:
         events = [(name, wall_ns(at), attributes) for name, at, attributes in self.events]
         end = max(wall_ns(time.monotonic()), max(at for _, at, _ in events))
         message = None if error is None else error.message[:256]
-        record = (self.name, self.start_ns, end, self.carrier, self.attributes, events, message)
+        record = (
+            self.name,
+            self.start_ns,
+            end,
+            self.carrier,
+            self.attributes,
+            events,
+            message,
+            self.trace_id.to_bytes(16, "big"),
+            self.span_id.to_bytes(8, "big"),
+        )
         return bytes(msgpack.packb(record))
 
     def wall_ns(self, at: float) -> int:
@@ -182,13 +226,15 @@ W3C_HEADERS = ("traceparent", "tracestate")
 
 
 def trace_context(trace: JobTrace | None) -> dict[str, str] | None:
-    """The job's W3C trace context to hand to an engine that makes spans of its own:
-    the message's `traceparent` and `tracestate`, so the engine's spans join the job's
-    trace (as siblings of the job's span, whose own id the exporter process picks when
-    the job ends). None when traces are off or the message carried no context."""
-    if trace is None or "traceparent" not in trace.carrier:
+    """The job's span as a W3C trace context, for an engine that makes spans of its own
+    (TensorRT-LLM 1.4's `trace_headers`): its spans become children of the job's span.
+    The message's `tracestate` goes along. None when traces are off."""
+    if trace is None:
         return None
-    return {name: trace.carrier[name] for name in W3C_HEADERS if name in trace.carrier}
+    context = {"traceparent": f"00-{trace.trace_id:032x}-{trace.span_id:016x}-{trace.flags}"}
+    if "tracestate" in trace.carrier:
+        context["tracestate"] = trace.carrier["tracestate"]
+    return context
 
 
 def tracing_enabled(environ: Mapping[str, str]) -> bool:
