@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles import FakeGpu
+from tests.doubles import FakeGpu, release
 from tests.engines.conftest import (
     collect,
     create_trtllm,
@@ -237,8 +237,10 @@ def test_llm_api_top_logprobs_under_sampling_need_not_hold_the_sampled_token(
     gpu: FakeGpu, tmp_path: Path
 ) -> None:
     """TorchSampler ranks the log-softmax before temperature and top-k/top-p: sampled,
-    the top K are the model's most likely tokens, which may leave out the sampled one
-    (then its `logprob` is absent too); they are published as given, by rank."""
+    the top K are the model's most likely tokens, which may leave out the sampled one;
+    they are published as given, by rank. On 1.2 the sampled token's `logprob` is then
+    absent; the 1.4 line adds the sampled token to the top K at its own rank, so its
+    `logprob` is published while `top_logprobs` stays K long."""
     engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TorchSampler"))
     sampled = EngineRequest(
         id=1,
@@ -257,7 +259,8 @@ def test_llm_api_top_logprobs_under_sampling_need_not_hold_the_sampled_token(
     assert tops == [
         [(t + 1000, lp), (t + 1001, lp - 1), (t + 1002, lp - 2)] for t in tokens_of(outputs)
     ]
-    assert [p for o in outputs for p in (o.logprobs or [])] == [None, None]
+    sampled_own = [lp - 3] * 2 if release(gpu.version) >= (1, 4) else [None, None]
+    assert [p for o in outputs for p in (o.logprobs or [])] == sampled_own
 
 
 def test_llm_api_top_logprobs_are_ordered_by_rank_and_cut_at_k(gpu: FakeGpu) -> None:

@@ -345,14 +345,21 @@ class LLM:
         sampling the sampled token need not be among them, and the fake model's
         distribution puts another token first (token + 1000). TRTLLMSampler returns
         one entry per token whatever k, the sampled token's own log probability at rank
-        1 (sampler.py @ 28edbcdb, TRTLLMSampler.update_requests_single_beam_single_step)."""
+        1 (sampler.py @ 28edbcdb, TRTLLMSampler.update_requests_single_beam_single_step).
+        The 1.4 line gives "the top K plus the sampled token" (`logprobs` docstring,
+        executor/params/sampling.py @ 1f064c46): a sampled token outside the top K is
+        added at its own rank, below them."""
         lp = self._gpu.logprob
         # read without the DeprecationWarning pydantic gives the 1.4 field on access
         torch_sampler = vars(self.args).get("sampler_type") != "TRTLLMSampler"
         if not torch_sampler:
             return [{t: Logprob(lp, rank=1)} for t in tokens]
         shift = 0 if params._greedy_decoding else 1000
-        return [{t + shift + i: Logprob(lp - i, rank=i + 1) for i in range(k)} for t in tokens]
+        tops = [{t + shift + i: Logprob(lp - i, rank=i + 1) for i in range(k)} for t in tokens]
+        if fake_gpu.line() >= (1, 4):
+            for token, top in zip(tokens, tops, strict=True):
+                top.setdefault(token, Logprob(lp - k, rank=k + 1))
+        return tops
 
     def _emit(self, result: RequestOutput, job: Job, step: Step) -> None:
         """Engine thread: turn one step into the LlmResponse the PyTorch executor would send."""
