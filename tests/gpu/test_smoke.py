@@ -1,6 +1,7 @@
 """A real model on a real GPU through the LLM API adapter. Skipped unless `tensorrt_llm`
-imports, a GPU is visible and WORKER_GPU_TEST_MODEL names a small HF checkpoint folder.
-How to run it in NVIDIA's container: README, "Running on a GPU"."""
+imports, a GPU is visible and WORKER_GPU_TEST_MODEL names a small HF checkpoint folder;
+the LoRA test also needs WORKER_GPU_TEST_LORA_DIR, a folder of PEFT adapters trained for
+that model. How to run it in NVIDIA's container: docs/gpu.md, "The GPU smoke test"."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from trtllm_worker.pipeline.output import OutputProcessor, RequestState
 from trtllm_worker.tokenizer import load_tokenizer
 
 MODEL = os.environ.get("WORKER_GPU_TEST_MODEL")
+LORA_DIR = os.environ.get("WORKER_GPU_TEST_LORA_DIR")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -168,3 +170,91 @@ def test_llm_api_seed_reproduces_a_sampled_continuation() -> None:
         engine.shutdown()
     assert runs[1] == runs[2]
     assert runs[1] != runs[3]
+
+
+@pytest.mark.timeout(900)
+def test_llm_api_top_logprobs_with_torch_sampler() -> None:
+    """TorchSampler returns the top K of the log-softmax per token, most likely first
+    (1.2's sampler.py); greedy, the generated token is the first of them and its own
+    `logprob` is that entry's."""
+    from trtllm_worker.engine import trtllm
+
+    assert MODEL is not None
+    settings = Settings(
+        _env_file=None, engine="trtllm", model=Path(MODEL), max_batch=4, sampler="TorchSampler"
+    )
+    tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    engine = trtllm.create(settings, tokenizer)
+    try:
+        assert engine.limits.max_top_logprobs >= 5
+        prompt = tokenizer.tokenizer.encode("The capital of France is").ids
+        request = _request(
+            1,
+            prompt,
+            8,
+            end_id=tokenizer.end_id,
+            eos_ids=tokenizer.eos_ids,
+            sampling=Sampling(do_sample=False),
+            return_logprobs=True,
+            top_logprobs=5,
+        )
+        engine.enqueue(request)
+        outputs = run_to_end(engine, {1}, 300)[1]
+    finally:
+        engine.shutdown()
+    checked = 0
+    for output in outputs:
+        assert output.top_logprobs is not None or not output.token_ids
+        for index, token in enumerate(output.token_ids):
+            assert output.top_logprobs is not None
+            top = output.top_logprobs[index]
+            assert top is not None
+            assert len(top) == 5
+            values = [logprob for _, logprob in top]
+            assert values == sorted(values, reverse=True)
+            assert top[0][0] == token
+            assert output.logprobs is not None
+            assert output.logprobs[index] == pytest.approx(top[0][1], abs=1e-3)
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(LORA_DIR is None, reason="WORKER_GPU_TEST_LORA_DIR is not set")
+def test_llm_api_lora_adapter_changes_the_output() -> None:
+    """Each adapter of WORKER_GPU_TEST_LORA_DIR, greedy on the same prompt: every job
+    ends, and at least one adapter's tokens differ from the base model's (an adapter
+    that reached no request would leave them all equal)."""
+    from trtllm_worker.engine import trtllm
+    from trtllm_worker.engine.lora import discover_adapters
+
+    assert MODEL is not None
+    assert LORA_DIR is not None
+    settings = Settings(
+        _env_file=None, engine="trtllm", model=Path(MODEL), max_batch=4, lora_dir=Path(LORA_DIR)
+    )
+    adapters = discover_adapters(settings.lora_dir)
+    assert len(adapters) > 0, f"no adapter found in {LORA_DIR}"
+    tokenizer = load_tokenizer(settings.tokenizer_source, settings.eos_token)
+    engine = trtllm.create(settings, tokenizer, adapters)
+    prompt = tokenizer.tokenizer.encode("Write one sentence about the sea.").ids
+    runs: dict[str | None, list[int]] = {}
+    try:
+        for request_id, name in enumerate([None, *adapters], start=1):
+            engine.enqueue(
+                _request(
+                    request_id,
+                    prompt,
+                    24,
+                    ignore_eos=True,
+                    sampling=Sampling(do_sample=False),
+                    adapter=None if name is None else adapters[name],
+                )
+            )
+            outputs = run_to_end(engine, {request_id}, 300)[request_id]
+            assert outputs[-1].error is None, outputs[-1].error
+            runs[name] = [t for o in outputs for t in o.token_ids]
+    finally:
+        engine.shutdown()
+    assert all(len(tokens) == 24 for tokens in runs.values())
+    assert any(runs[name] != runs[None] for name in adapters)
