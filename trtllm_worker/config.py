@@ -282,7 +282,8 @@ class Settings(BaseSettings):
     sampler: Literal["TRTLLMSampler", "TorchSampler", "auto"] = Field(
         "TRTLLMSampler",
         description="`trtllm`: TensorRT-LLM's sampler, `TRTLLMSampler`, `TorchSampler` or "
-        "`auto` (what each honours: Running on a GPU)",
+        "`auto` (what each honours: Running on a GPU). The 1.4 line has TorchSampler only: "
+        "unset, nothing is passed there",
     )
     executor_worker_path: Path | None = Field(
         None,

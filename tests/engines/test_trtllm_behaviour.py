@@ -5,6 +5,7 @@ of an idle engine, several tokens per step."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -194,6 +195,42 @@ def test_logprob_is_the_sampled_tokens_own_or_absent(
         assert logprobs == [None] * 4
 
 
+def test_shutdown_is_prompt_when_the_stats_queue_loses_the_cancel(
+    tmp_path: Path, gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's `asyncio.wait_for`, inside the LLM API's stats queue, can lose a
+    cancel (CPython gh-86296); with requests running, statistics keep coming, so every
+    later cancel could be lost too, and the adapter retried for 10 s (the contract
+    suite's shutdown test failed now and then at its 5 s limit). The follower now ends
+    by itself once the adapter closes. Here the stats iterator swallows every cancel."""
+    import asyncio
+    from collections.abc import AsyncIterator
+    from typing import Any
+
+    from tensorrt_llm import LLM
+
+    swallowed = 0
+    following = threading.Event()
+
+    async def stubborn_stats(self: Any, timeout: float | None = 2) -> AsyncIterator[str]:  # noqa: ASYNC109 (the real signature)
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                swallowed += 1  # lost, as gh-86296 loses it
+            following.set()
+            yield '{"iterLatencyMS": 1.0}'
+
+    monkeypatch.setattr(LLM, "get_stats_async", stubborn_stats)
+    engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
+    assert following.wait(5)
+    started = time.monotonic()
+    engine.shutdown()
+    assert swallowed >= 1  # the fault happened: the cancel was lost
+    assert time.monotonic() - started < 2
+
+
 def test_shutdown_leaves_no_task_pending_on_the_private_loop(tmp_path: Path, gpu: FakeGpu) -> None:
     """The LLM API adapter's statistics task is cancelled and awaited when the adapter
     closes: one left pending is destroyed with its loop ('Task was destroyed but it is
@@ -220,7 +257,7 @@ def test_shutdown_leaves_no_task_pending_on_the_private_loop(tmp_path: Path, gpu
     ("sampler", "max_top"), [("TRTLLMSampler", 0), ("TorchSampler", 20), ("auto", 20)]
 )
 def test_llm_api_top_logprobs_where_the_sampler_returns_them(
-    gpu: FakeGpu, tmp_path: Path, sampler: str, max_top: int
+    gpu_1_2: FakeGpu, tmp_path: Path, sampler: str, max_top: int
 ) -> None:
     """1.2's TRTLLMSampler returns only the sampled token's log probability: the limits
     say 0 and why, so intake refuses `top_logprobs` rather than publish one pair."""
@@ -275,25 +312,70 @@ def test_llm_api_top_logprobs_are_ordered_by_rank_and_cut_at_k(gpu: FakeGpu) -> 
     assert _top_logprobs([], 2) is None
 
 
-def test_on_1_4_the_deprecated_sampler_type_is_not_passed_by_default(
+def test_on_1_4_no_sampler_type_is_passed_and_top_logprobs_come_from_torch_sampler(
     gpu_1_4: FakeGpu, tmp_path: Path
 ) -> None:
-    """1.4 deprecates sampler_type (TorchSampler is the default, llm_args.py @ 1f064c46)
-    and its TorchSampler applies the penalties (PR #16485): only a seed is refused, as
-    it is honoured only for a request sampled alone (PR #17172's seed_manager.py)."""
+    """The 1.4 line has TorchSampler only (PR #18232): no sampler_type is passed, top
+    logprobs are available, and since TorchSampler applies the penalties there
+    (PR #16485) only a seed is refused: it is honoured only for a request sampled alone
+    (PR #17172's seed_manager.py)."""
     engine = create_trtllm(trtllm_settings(tmp_path, "trtllm"))
     engine.shutdown()
     assert "sampler_type" not in gpu_1_4.llm_kwargs[-1]
+    assert engine.limits.max_top_logprobs == 20
     assert sorted(engine.limits.ignored_parameters) == ["seed"]
     assert "sampled alone" in engine.limits.ignored_parameters["seed"]
 
 
-def test_on_1_4_a_sampler_the_operator_sets_is_passed_with_a_warning(
+def test_on_1_4_worker_sampler_trtllm_is_one_line_at_start(
+    gpu_1_4: FakeGpu, tmp_path: Path
+) -> None:
+    """An operator's WORKER_SAMPLER=TRTLLMSampler would be the LLM's refusal (a
+    traceback); the worker says in one line what to do instead, before loading."""
+    with pytest.raises(ConfigError) as raised:
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TRTLLMSampler"))
+    message = str(raised.value)
+    assert message.startswith("invalid setting WORKER_SAMPLER=TRTLLMSampler: TensorRT-LLM 1.4.0rc1")
+    assert "unset WORKER_SAMPLER" in message
+    assert "\n" not in message
+    assert gpu_1_4.llm_kwargs == []
+
+
+def test_on_1_4_worker_sampler_torch_is_said_and_not_passed(
     gpu_1_4: FakeGpu, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    with caplog.at_level(logging.INFO, logger="trtllm_worker.engine.trtllm"):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TorchSampler")).shutdown()
+    assert "sampler_type" not in gpu_1_4.llm_kwargs[-1]
+    assert "has TorchSampler only" in caplog.text
+
+
+def test_an_extra_options_sampler_type_goes_to_a_1_4_llm_as_written(
+    gpu_1_4: FakeGpu, tmp_path: Path
+) -> None:
+    """WORKER_SAMPLER decides nothing there: no conflict with it is claimed; the LLM takes
+    "TorchSampler" (ignored) and refuses "TRTLLMSampler", which is one line."""
+    extra = tmp_path / "extra.json"
+    extra.write_text('{"sampler_type": "TorchSampler"}')
+    with pytest.warns(UserWarning, match="ignored"):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", llm_extra_options=extra)).shutdown()
+    assert gpu_1_4.llm_kwargs[-1]["sampler_type"] == "TorchSampler"
+    extra.write_text('{"sampler_type": "TRTLLMSampler"}')
+    with pytest.raises(ConfigError, match=r"refuses the LLM arguments: .*TRTLLMSampler"):
+        create_trtllm(trtllm_settings(tmp_path, "trtllm", llm_extra_options=extra))
+
+
+def test_on_the_deprecated_field_a_sampler_is_passed_only_when_set(
+    gpu_1_4: FakeGpu, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between the deprecation and the removal (1.3.0rc2x, main @ 1f064c46) the field
+    exists, deprecated: it is passed only when the operator set WORKER_SAMPLER."""
+    from trtllm_worker.engine import trtllm
+
+    default = trtllm_settings(tmp_path, "trtllm")
+    assert trtllm.sampler_options(default, "deprecated") == {}
+    assert trtllm.sampler_options(default, "selectable") == {"sampler_type": "TRTLLMSampler"}
+    chosen = trtllm_settings(tmp_path, "trtllm", sampler="TRTLLMSampler")
     with caplog.at_level(logging.WARNING, logger="trtllm_worker.engine.trtllm"):
-        engine = create_trtllm(trtllm_settings(tmp_path, "trtllm", sampler="TRTLLMSampler"))
-        engine.shutdown()
-    assert gpu_1_4.llm_kwargs[-1]["sampler_type"] == "TRTLLMSampler"
-    assert engine.limits.ignored_parameters == {}
-    assert any("sampler_type is deprecated" in r.getMessage() for r in caplog.records)
+        assert trtllm.sampler_options(chosen, "deprecated") == {"sampler_type": "TRTLLMSampler"}
+    assert "sampler_type is deprecated" in caplog.text

@@ -69,6 +69,7 @@ async def test_logprobs_are_top_k_dicts(gpu: FakeGpu) -> None:
     llm.shutdown()
 
 
+@pytest.mark.release("1.2.1")
 async def test_top_k_logprobs_per_sampler(gpu: FakeGpu) -> None:
     """TorchSampler returns the top K of the log-softmax, ranks 1..K; TRTLLMSampler one
     entry per token, the sampled token's at rank 1, whatever K (sampler.py @ 28edbcdb)."""
@@ -431,3 +432,18 @@ def test_executor_request_priority_and_cache_salt_id(gpu: FakeGpu) -> None:
     for bad in (-1, 1 << 64):
         with pytest.raises(TypeError):
             tle.Request([4], 3, cache_salt_id=bad)
+
+
+@pytest.mark.release("1.4.0rc1")
+def test_the_1_4_line_has_torch_sampler_only(gpu: FakeGpu) -> None:
+    """PR #18232 removed TRTLLMSampler and the sampler_type field; PR #18513 accepts the
+    keyword again, "auto" and "TorchSampler" ignored, "TRTLLMSampler" rejected (docs
+    1.4.0rc4, features/sampling)."""
+    from tensorrt_llm import LLM
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    assert "sampler_type" not in TorchLlmArgs.model_fields
+    with pytest.warns(UserWarning, match="ignored"):
+        LLM("ckpt", skip_tokenizer_init=True, sampler_type="TorchSampler").shutdown()
+    with pytest.raises(ValueError, match="TRTLLMSampler"):
+        LLM("ckpt", skip_tokenizer_init=True, sampler_type="TRTLLMSampler")

@@ -184,6 +184,7 @@ GONE_IN_1_4 = {
     "disable_flashinfer_sampling",
     "enable_sleep",
     "fail_fast_on_attention_window_too_large",
+    "sampler_type",  # PR #18232, after 1f064c46 (the 1.4.0rc docs: TorchSampler only)
 }
 NEW_IN_1_4 = {
     "custom_tokenizer",
@@ -221,7 +222,8 @@ NEW_IN_1_4 = {
     "use_cute_dsl_blockscaling_mm",
 }
 TORCH_LLM_ARGS_1_4 = sorted((set(TORCH_LLM_ARGS) - GONE_IN_1_4) | NEW_IN_1_4)
-"""The 1.4 list, written as its difference from 1.2's: 111 fields at 1f064c46."""
+"""The 1.4 list, written as its difference from 1.2's: 111 fields at 1f064c46, less
+`sampler_type` (PR #18232)."""
 
 KV_CACHE_CONFIG_1_4 = sorted(
     (set(KV_CACHE_CONFIG) - {"onboard_blocks"})
@@ -276,8 +278,9 @@ def test_torch_llm_args_fields_are_the_real_ones(
 
 def test_the_1_4_list_has_as_many_fields_as_the_source() -> None:
     """Counted in llm_args.py @ 1f064c46: 59 BaseLlmArgs fields and 54 of TorchLlmArgs,
-    two of which (`load_format`, `backend`) override BaseLlmArgs's."""
-    assert len(TORCH_LLM_ARGS_1_4) == 59 + 54 - 2
+    two of which (`load_format`, `backend`) override BaseLlmArgs's; PR #18232 then removed
+    `sampler_type`."""
+    assert len(TORCH_LLM_ARGS_1_4) == 59 + 54 - 2 - 1
     assert len(KV_CACHE_CONFIG_1_4) == 34
 
 

@@ -19,7 +19,7 @@ import random
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tensorrt_llm
 from tensorrt_llm import LLM, SamplingParams
@@ -117,13 +117,64 @@ def top_logprobs_limit(sampler: str) -> tuple[int, str]:
     return MAX_TOP_LOGPROBS, f"at most {MAX_TOP_LOGPROBS}"
 
 
-def sampler_type_deprecated() -> bool:
-    """Whether the installed `TorchLlmArgs.sampler_type` is a deprecated field (1.4 line:
-    `llmapi/llm_args.py`, "TorchSampler will be the default sampler")."""
+SamplerSupport = Literal["selectable", "deprecated", "removed"]
+
+
+def sampler_support() -> SamplerSupport:
+    """How the installed LLM API takes `sampler_type`: a field that picks TRTLLMSampler or
+    TorchSampler (1.2); a deprecated one ("will be removed in release 1.4",
+    `llmapi/llm_args.py` @ 1f064c46, the 1.3.0rc2x main); or none: PR #18232 (merged
+    2026-08-26; the 1.3.0rc26 and 1.4.0rc docs describe it) removed TRTLLMSampler and the
+    field, TorchSampler being the only sampler, and PR #18513 made the LLM accept
+    `sampler_type` "auto" and "TorchSampler" again, ignored, and reject "TRTLLMSampler"."""
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
     field = TorchLlmArgs.model_fields.get("sampler_type")
-    return bool(getattr(field, "deprecated", None))
+    if field is None:
+        return "removed"
+    return "deprecated" if getattr(field, "deprecated", None) else "selectable"
+
+
+def effective_sampler(args: Any) -> str:
+    """The sampler the built LLM uses, as `WORKER_SAMPLER` names them: its
+    `sampler_type`, or TorchSampler where the field is gone (the only sampler there)."""
+    value = _field(args, "sampler_type")
+    value = getattr(value, "value", value)  # a StrEnum in the real config
+    return "TorchSampler" if value is None else str(value)
+
+
+def sampler_options(settings: Settings, support: SamplerSupport) -> dict[str, Any]:
+    """The `sampler_type` to build the LLM with, if any. 1.2: `WORKER_SAMPLER` (default
+    TRTLLMSampler, which honours per-request seed and penalties there). Deprecated: only
+    when the operator set it. Removed: never; an explicit TRTLLMSampler is one line at
+    start rather than the LLM's refusal."""
+    explicit = "sampler" in settings.model_fields_set
+    version = tensorrt_llm.__version__
+    if support == "selectable":
+        return {"sampler_type": settings.sampler}
+    if support == "deprecated":
+        if not explicit:
+            return {}
+        log.warning(
+            "TensorRT-LLM %s: sampler_type is deprecated (TorchSampler is the default); "
+            "WORKER_SAMPLER=%s is passed on as the operator set it",
+            version,
+            settings.sampler,
+        )
+        return {"sampler_type": settings.sampler}
+    if explicit and settings.sampler == "TRTLLMSampler":
+        raise ConfigError(
+            f"invalid setting WORKER_SAMPLER=TRTLLMSampler: TensorRT-LLM {version} has no "
+            "TRTLLMSampler (PR #18232 removed it and sampler_type; TorchSampler is the only "
+            "sampler); unset WORKER_SAMPLER"
+        )
+    if explicit:
+        log.info(
+            "TensorRT-LLM %s has TorchSampler only: WORKER_SAMPLER=%s is not passed",
+            version,
+            settings.sampler,
+        )
+    return {}
 
 
 def _field(args: Any, name: str) -> Any:
@@ -133,11 +184,15 @@ def _field(args: Any, name: str) -> Any:
     return values[name] if name in values else getattr(args, name, None)
 
 
-def check_extra_options(settings: Settings, extra: dict[str, Any]) -> None:
+def check_extra_options(
+    settings: Settings, extra: dict[str, Any], support: SamplerSupport = "selectable"
+) -> None:
     """An extra option that contradicts a worker setting is refused at start, naming
-    both (an engine batch smaller than WORKER_MAX_BATCH would queue the rest unseen)."""
+    both (an engine batch smaller than WORKER_MAX_BATCH would queue the rest unseen).
+    Where `sampler_type` is gone, WORKER_SAMPLER decides nothing: the file's value goes
+    to the LLM as written, which takes or refuses it."""
     for option, name in CONFLICTS.items():
-        if option not in extra:
+        if option not in extra or (option == "sampler_type" and support == "removed"):
             continue
         mine = getattr(settings, name)
         if mine is not None and extra[option] != mine:
@@ -208,18 +263,10 @@ def create(
     }
     if settings.max_num_tokens is not None:
         kwargs["max_num_tokens"] = settings.max_num_tokens
-    if not sampler_type_deprecated():
-        # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
-        # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
-        kwargs["sampler_type"] = settings.sampler
-    elif "sampler" in settings.model_fields_set:
-        log.warning(
-            "TensorRT-LLM %s: sampler_type is deprecated (TorchSampler is the default); "
-            "WORKER_SAMPLER=%s is passed on as the operator set it",
-            tensorrt_llm.__version__,
-            settings.sampler,
-        )
-        kwargs["sampler_type"] = settings.sampler
+    # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
+    # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
+    support = sampler_support()
+    kwargs.update(sampler_options(settings, support))
     if settings.guided_decoding != "none":
         # without a backend, 1.2 ignores a request's guided_decoding: output unconstrained
         kwargs["guided_decoding_backend"] = settings.guided_decoding
@@ -228,7 +275,7 @@ def create(
         # without a lora_config, TensorRT-LLM ignores a request's lora_request silently
         kwargs["lora_config"] = lora
     extra = read_extra_options(settings.llm_extra_options)
-    check_extra_options(settings, extra)
+    check_extra_options(settings, extra, support)
     check_extra_lora(adapters, extra)
     kwargs.update(extra)
     if "scheduler_config" not in extra and takes_priority_keyword():
@@ -421,12 +468,13 @@ class LlmApiEngine:
         args = llm.args
         # what the built LLM really schedules and accepts, after extra options
         self._capacity = int(args.max_batch_size or 1)
-        max_top, top_why = top_logprobs_limit(str(_field(args, "sampler_type")))
+        sampler = effective_sampler(args)
+        max_top, top_why = top_logprobs_limit(sampler)
         self._limits = EngineLimits(
             max_seq_len=args.max_seq_len,
             max_num_tokens=None if args.enable_chunked_prefill else args.max_num_tokens,
             ignored_parameters=ignored_parameters(
-                str(_field(args, "sampler_type")), versions.release(tensorrt_llm.__version__)
+                sampler, versions.release(tensorrt_llm.__version__)
             ),
             max_top_logprobs=max_top,
             top_logprobs_why=top_why,
@@ -447,6 +495,7 @@ class LlmApiEngine:
         self._thread = threading.Thread(target=self._run_loop, name="trtllm-io", daemon=True)
         self._thread.start()
         self._stats_runner: asyncio.Task[None] | None = None
+        self._closing = False
         asyncio.run_coroutine_threadsafe(self._follow_stats(), self._loop)
 
     def _run_loop(self) -> None:
@@ -600,11 +649,15 @@ class LlmApiEngine:
     async def _follow_stats(self) -> None:
         """Forever: take each iteration's statistics as the engine yields them. The
         iterator ends after `STATS_TIMEOUT_S` without an iteration (an idle engine) and
-        is simply started again."""
+        is simply started again. Ends by itself once the adapter closes: a cancel can be
+        lost in the LLM API's stats queue (see `_cancel`), and while requests run the
+        iterator never pauses long enough for a later cancel to land."""
         self._stats_runner = asyncio.current_task()
-        while True:
+        while not self._closing:
             try:
                 async for sample in self._llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                    if self._closing:
+                        return
                     self._stats = _parse_stats(sample)
             except asyncio.CancelledError:
                 raise
@@ -613,6 +666,7 @@ class LlmApiEngine:
             await asyncio.sleep(STATS_TIMEOUT_S)
 
     async def _close(self) -> None:
+        self._closing = True
         if self._stats_runner is not None:  # cancelled and awaited: none left pending
             await _cancel(self._stats_runner)
         for result in list(self._results.values()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import warnings
 from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from types import TracebackType
@@ -100,6 +101,18 @@ class LLM:
         self._gpu.llm_kwargs.append({**explicit, **kwargs})
         self._shutdown = False  # set first: __del__ runs even when __init__ raises
         valid = set(TorchLlmArgs.model_fields) | {"_mpi_session", "backend"}
+        if fake_gpu.line() >= (1, 4) and "sampler_type" in kwargs:
+            # PR #18513 (merged 2026-09-01, after #18232 removed the field): the keyword
+            # is accepted again, "auto" and "TorchSampler" ignored with a warning,
+            # "TRTLLMSampler" rejected (docs 1.4.0rc4 features/sampling; the exception's
+            # type and text were not read: a ValueError here, as the argument gates raise)
+            value = str(kwargs.pop("sampler_type"))
+            if value == "TRTLLMSampler":
+                raise ValueError(
+                    "sampler_type='TRTLLMSampler' is no longer supported: TorchSampler is "
+                    "the only sampler"
+                )
+            warnings.warn(f"sampler_type={value!r} is ignored", UserWarning, stacklevel=2)
         if fake_gpu.line() >= (1, 4):
             # _TorchLLM._validate_args_for_torch_backend (llmapi/llm.py @ 1f064c46): every
             # keyword that is not a TorchLlmArgs field, as a list, before BaseLLM's check.

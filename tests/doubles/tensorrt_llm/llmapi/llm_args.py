@@ -289,22 +289,16 @@ _TORCH_1_4_UNMODELLED = (
     "use_cute_dsl_blockscaling_mm",
 )
 
-SAMPLER_TYPE_DEPRECATION = (
-    "This parameter will be removed in release 1.4. TorchSampler will be the default sampler."
-)
-"""llm_args.py @ 1f064c46: `sampler_type` is a pydantic field with this `deprecated`
-message (and status "deprecated"); no validator refuses it, so a value passed is
-accepted and kept (reading the attribute warns, as pydantic does for a deprecated
-field). Its description: "TRTLLMSampler is deprecated and will be removed in release
-1.4"; whether the 1.4 executor still builds a TRTLLMSampler was not read here."""
-
 _TorchLlmArgs14: type[BaseModel] = create_model(  # type: ignore[call-overload]
     "TorchLlmArgs",
     __base__=_ModelledArgs,
     kv_cache_config=(_KvCacheConfig14, Field(default_factory=_KvCacheConfig14)),
-    sampler_type=(Any, Field("auto", deprecated=SAMPLER_TYPE_DEPRECATION)),
     scheduler_config=(SchedulerConfig, Field(default_factory=SchedulerConfig)),
     **{name: (Any, None) for name in _TORCH_1_4_UNMODELLED},
 )
+"""The fields of llm_args.py @ 1f064c46 less `sampler_type`, which PR #18232 (merged
+2026-08-26, commit 77cc1453) removed with TRTLLMSampler: the 1.3.0rc26 and 1.4.0rc4
+docs ("TorchSampler is the only sampler; the sampler_type argument and the TRTLLM Sampler
+it selected have been removed"). How the LLM then treats the keyword: `LLM.__init__`."""
 
 TorchLlmArgs: Any = _TorchLlmArgs14 if _LINE_1_4 else _TorchLlmArgs12
