@@ -208,6 +208,26 @@ def test_a_stop_token_id_ends_the_request_with_stop_sequence(make_engine: Engine
     assert outputs[-1].finish is FinishReason.STOP_SEQUENCE
 
 
+def test_the_stop_token_has_its_logprob_too(make_engine: EngineFactory) -> None:
+    """Every generated token, the one that stopped the job included, has its log
+    probability: TensorRT-LLM trims a stop token from `token_ids` but not from the log
+    probabilities (the adapter put the token back and dropped its logprob)."""
+    stopping = request(
+        1,
+        [5, 6, 7],
+        50,
+        end_id=EOS,
+        eos_ids=frozenset({EOS}),
+        stop_token_ids=frozenset({6}),
+        return_logprobs=True,
+    )
+    outputs = drive(make_engine(), [stopping])[1]
+    assert tokens_of(outputs) == [5, 6]
+    logprobs = [p for o in outputs for p in (o.logprobs or [])]
+    assert len(logprobs) == 2
+    assert all(p is not None and p <= 0 for p in logprobs)
+
+
 def test_ignore_eos_keeps_the_jobs_stop_token_ids(make_engine: EngineFactory) -> None:
     job = request(1, [5, EOS, 7], 50, end_id=EOS, ignore_eos=True, stop_token_ids=frozenset({7}))
     outputs = drive(make_engine(), [job])[1]

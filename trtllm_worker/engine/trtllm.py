@@ -622,15 +622,19 @@ class LlmApiEngine:
                     continue
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids_diff)
+                finish = None
+                if output.finished:
+                    # first: a stop token trimmed from token_ids is put back, and its
+                    # log probabilities (never trimmed, result.py) then pair with it
+                    finish = _finish(
+                        request, completion.finish_reason, completion.stop_reason, tokens
+                    )
                 logprobs = tops = None
                 if request.return_logprobs:
                     logprobs = _logprobs(completion.logprobs_diff, tokens)
                     if request.top_logprobs:
                         tops = _top_logprobs(completion.logprobs_diff, request.top_logprobs)
                 if output.finished:
-                    finish = _finish(
-                        request, completion.finish_reason, completion.stop_reason, tokens
-                    )
                     emit(
                         EngineOutput(request.id, tokens, logprobs, finish, _no_reason(finish), tops)
                     )
@@ -741,8 +745,8 @@ def _top_logprobs(diff: Any, k: int) -> list[TopLogprobs | None] | None:
     """Per new token, its `k` most likely tokens from `logprobs_diff` (one mapping
     token id → Logprob(logprob, rank) per token), ordered by rank (1 first). A mapping
     may hold more than `k` (a release that adds the sampled token at its own rank): the
-    `k` best ranks are kept. A stop token trimmed from the output (`_finish` puts it
-    back) has no mapping: the list is one short, and that token's entry gets none."""
+    `k` best ranks are kept. A stop token trimmed from `token_ids` keeps its mapping
+    (result.py trims the ids only, after the log probabilities are taken)."""
     if not diff:
         return None
     tops: list[TopLogprobs | None] = []
