@@ -104,13 +104,15 @@ def plot_sweep(
 
 def summary_rows(ceiling: float, scenarios: Iterable[Scenario]) -> Iterator[str]:
     """A row for each scenario whose results are in bench/results/, every rate also as a
-    share of `ceiling` (this run's redis-benchmark XADD rate)."""
-
-    def of_redis(rate: float) -> str:
-        return f"{rate / ceiling:.4f} x Redis"
-
+    share of the redis-benchmark XADD rate measured in the run that produced it (a
+    scenario not run this time keeps its own ratio); `ceiling` where a result lacks one."""
     for scenario in scenarios:
         if data := load(scenario.results):
+            own = float(data.get("redis_xadd_per_s") or ceiling)
+
+            def of_redis(rate: float, own: float = own) -> str:
+                return f"{rate / own:.4f} x Redis"
+
             what, result = scenario.row(data, of_redis)
             yield f"| {scenario.label} | {what} | {result} | {scenario.target.text} |"
 
@@ -119,8 +121,9 @@ def write_summary(ceiling: float, scenarios: Iterable[Scenario]) -> Path:
     """The README's performance table, from this run's results (bench/results/*.json):
     every rate with its ratio to redis-benchmark's XADD rate measured at the start."""
     text = (
-        f"redis-benchmark pipelined XADD in this run: **{ceiling:,.0f}/s**"
-        f" ({os.cpu_count()} cores)\n\n"
+        f"redis-benchmark pipelined XADD in the latest run: **{ceiling:,.0f}/s**"
+        f" ({os.cpu_count()} cores); each row's `x Redis` is against the rate measured in"
+        " the run that produced it\n\n"
         "| scenario | what | result | target |\n| --- | --- | --- | --- |\n"
         + "\n".join(summary_rows(ceiling, scenarios))
         + "\n"

@@ -103,6 +103,20 @@ def test_utc_day() -> None:
     assert utc_day(86400 * 365 - 1) == "1970-12-31"
 
 
+def test_a_job_ending_after_midnight_counts_into_the_new_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The day is formatted once per day: the first terminal entry after midnight UTC
+    names the next day's key, not the cached one."""
+    midnight = 86400 * 20_000.0  # 2024-10-04T00:00:00Z
+    keys = UsageKeys("gen:", 60)
+    monkeypatch.setattr("trtllm_worker.streams.usage.time.time", lambda: midnight - 0.001)
+    before = keys.values("gen:a", None, 1)[0]
+    assert keys.values("gen:b", None, 1)[0] == before == "gen:_usage:2024-10-03"
+    monkeypatch.setattr("trtllm_worker.streams.usage.time.time", lambda: midnight)
+    assert keys.values("gen:a", None, 1)[0] == "gen:_usage:2024-10-04"
+
+
 def test_a_terminal_entry_carries_its_usage_and_batches_still_split_and_read_back() -> None:
     keys = UsageKeys("gen:", 60)
     done: Fields = {"event": "done", "finish_reason": "length", "generated_tokens": 1,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from binascii import crc_hqx
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Final
 
@@ -93,10 +93,22 @@ class UsageKeys:
     prefix: str
     ttl_s: int
     cluster: bool = False
+    _today: tuple[int, str] = field(default=(-1, ""), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cluster:
             slot_tags()  # now, not on the event loop at the first terminal entry
+
+    def _day(self) -> str:
+        """This UTC day, formatted once per day rather than once per job (a terminal
+        entry of a 1-token job is on the worker's hottest path)."""
+        now = time.time()
+        number = int(now // 86400)
+        cached_number, cached_day = self._today
+        if number != cached_number:
+            cached_day = utc_day(now)
+            object.__setattr__(self, "_today", (number, cached_day))
+        return cached_day
 
     def key(self, stream: str, day: str) -> str:
         """The usage key the terminal entry of `stream` counts into on `day`."""
@@ -115,7 +127,7 @@ class UsageKeys:
         move a job ending at midnight to the next day or the one before, nothing
         worse."""
         return (
-            self.key(stream, utc_day()),
+            self.key(stream, self._day()),
             self.ttl_s,
             tenant or NO_TENANT,
             input_tokens,
