@@ -17,6 +17,7 @@ import logging
 import queue
 import random
 import threading
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +31,14 @@ from tensorrt_llm.llmapi import (
     RequestError,
     RequestOutput,
 )
-from tensorrt_llm.lora_helper import LoraConfig
+
+with warnings.catch_warnings():
+    # a compatibility shim on the 1.4 line (PR #17806 moved the PEFT modules under
+    # _torch/peft; PR #17857 made the shim warn, a FutureWarning by its thread), the only
+    # public path on 1.2: its warning says nothing an operator can act on
+    warnings.simplefilter("ignore", FutureWarning)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from tensorrt_llm.lora_helper import LoraConfig
 
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError

@@ -2,45 +2,24 @@
 # (NVIDIA/TensorRT-LLM @ 037d4ba10931fbb9777d52fba06a9aef4b41acdd): LoraConfig with the
 # real fields and defaults, and the HF module mapping TensorRT-LLM uses for HF checkpoints.
 # Loading adapters (use_lora, lora_manager.py) is not modelled.
+#
+# 1.4 line: PR #17806 (merged 2026-08-17) moved the PEFT modules under
+# tensorrt_llm/_torch/peft/ and kept this path as a compatibility shim, which PR #17857
+# made warn on import with a FutureWarning (as its review thread says; the shim's file was
+# not read here). The double warns so at that level.
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
+
+from tests.doubles import fake_gpu
+
+if fake_gpu.line() >= (1, 4):
+    warnings.warn(
+        "tensorrt_llm.lora_helper is deprecated; import from tensorrt_llm._torch.peft.lora",
+        FutureWarning,
+        stacklevel=2,
+    )
+
+from ._torch.peft.lora.config import LoraConfig, get_default_trtllm_modules_to_hf_modules
 
 __all__ = ["LoraConfig", "get_default_trtllm_modules_to_hf_modules"]
-
-
-def get_default_trtllm_modules_to_hf_modules() -> dict[str, str]:
-    """TensorRT-LLM module name → HF module name (the real function's table)."""
-    return {
-        "attn_q": "q_proj",
-        "attn_k": "k_proj",
-        "attn_v": "v_proj",
-        "attn_dense": "o_proj",
-        "mlp_h_to_4h": "gate_proj",
-        "mlp_4h_to_h": "down_proj",
-        "mlp_gate": "up_proj",
-        "mlp_gate_up": "gate_up_proj",
-        "moe_h_to_4h": "w1",
-        "moe_4h_to_h": "w2",
-        "moe_gate": "w3",
-        "moe_router": "gate",
-    }
-
-
-@dataclass
-class LoraConfig:
-    """The real dataclass's fields; `__post_init__` asserts the checkpoint source."""
-
-    lora_dir: list[str] = field(default_factory=list)
-    lora_ckpt_source: str = "hf"
-    max_lora_rank: int = 64
-    lora_target_modules: list[str] = field(default_factory=list)
-    trtllm_modules_to_hf_modules: dict[str, str] = field(default_factory=dict)
-    max_loras: int | None = None
-    max_cpu_loras: int | None = None
-    swap_gate_up_proj: bool = True
-
-    def __post_init__(self) -> None:
-        assert self.lora_ckpt_source in ["hf", "nemo"], (
-            f"lora_ckpt_source must be one of 'hf' or 'nemo', got {self.lora_ckpt_source}"
-        )

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from tests.doubles import fake_gpu
 
-from ..lora_helper import LoraConfig
+from .._torch.peft.lora.config import LoraConfig
 
 _LINE_1_4 = fake_gpu.line() >= (1, 4)
 
