@@ -5,7 +5,7 @@
 - `errors`: `ClientError` and its subclasses
 - `events`: `TokenEvent`, `DoneEvent`, `ErrorEvent`, `Event`, `parse_entry`
 - `jobs`: `JobOptions`, `job_body`, `validate_job`
-- `tracecontext`: `TRACEPARENT`, `trace_headers`
+- `tracecontext`: `trace_headers` (with the contract's `TRACEPARENT` pattern)
 - `cancel`: the cancel broadcast
 - `async_client`: `Client`, which owns the connections
 - `sync_client`: `SyncClient`
@@ -30,8 +30,9 @@ from trtllm_worker.client.errors import (
 from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, TokenEvent, parse_entry
 from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
 from trtllm_worker.client.sync_client import SyncClient
-from trtllm_worker.client.tracecontext import TRACEPARENT, trace_headers
+from trtllm_worker.client.tracecontext import trace_headers
 from trtllm_worker.client.usage import Usage
+from trtllm_worker.contract.queues import TRACEPARENT
 
 __all__ = [
     "DEFAULT_CLIENT_NAME",

@@ -4,12 +4,10 @@ when a job is submitted, and its absence means no trace headers."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
-"""W3C Trace Context's `traceparent` (version, trace id, parent id, flags)."""
+from trtllm_worker.contract.queues import TRACEPARENT
 
 
 def trace_headers(given: Mapping[str, str] | None = None) -> dict[str, Any]:

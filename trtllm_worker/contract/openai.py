@@ -25,13 +25,13 @@ checked by the caller against the served model, where it has one)."""
 
 _SHARED: Final = frozenset(
     {"max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
-     "frequency_penalty", "logprobs", "n", "stream"}
+     "frequency_penalty", "logprobs", "n", "stream", "logit_bias"}
 )  # fmt: skip
 _CHAT_ONLY: Final = frozenset(
     {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
-     "tool_choice", "logit_bias"}
+     "tool_choice"}
 )  # fmt: skip
-_COMPLETIONS_ONLY: Final = frozenset({"prompt", "echo", "best_of", "suffix", "logit_bias"})
+_COMPLETIONS_ONLY: Final = frozenset({"prompt", "echo", "best_of", "suffix"})
 
 MAX_COMPLETIONS_LOGPROBS: Final = 5
 """OpenAI's bound on the completions endpoint's `logprobs` (a count there)."""

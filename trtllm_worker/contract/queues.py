@@ -4,6 +4,7 @@ a job message may carry. Key names are in `contract.stream`."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Final
 
@@ -12,6 +13,10 @@ from trtllm_worker.contract.priority import MAX_PRIORITY
 PUBLISHED_MS_HEADER: Final = "timestamp_in_ms"
 """Milliseconds since the epoch at publication, as RabbitMQ's message-timestamp plugin
 names it (the SDK sets it too); the AMQP `timestamp` property holds whole seconds."""
+
+TRACEPARENT: Final = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+"""W3C Trace Context's `traceparent` header (version, trace id, parent id, flags), which
+a job message may carry so that the producer's trace continues in the worker."""
 
 RETURNS_HEADER: Final = "x-trtllm-returns"
 """On a copy the worker put back in the queue to make room for a more urgent job: how

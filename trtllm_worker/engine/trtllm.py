@@ -271,8 +271,6 @@ def create(
     }
     if settings.max_num_tokens is not None:
         kwargs["max_num_tokens"] = settings.max_num_tokens
-    # TRTLLMSampler (the C++ decoder) honours per-request seed and penalties in 1.2;
-    # TorchSampler, which "auto" picks for beam width 1, does not (sampler.py)
     support = sampler_support()
     kwargs.update(sampler_options(settings, support))
     if settings.guided_decoding != "none":

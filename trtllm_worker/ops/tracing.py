@@ -16,7 +16,6 @@ import contextlib
 import importlib.util
 import logging
 import random
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ import msgpack
 
 from trtllm_worker.config import redact_url
 from trtllm_worker.contract.errors import ConfigError
+from trtllm_worker.contract.queues import TRACEPARENT
 
 if TYPE_CHECKING:
     from trtllm_worker.contract.errors import WorkerError
@@ -66,10 +66,6 @@ FLUSH_S = 0.05
 log = logging.getLogger(__name__)
 
 
-TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-"""A W3C traceparent of version 00 (lower case, as the specification writes it)."""
-
-
 def _nonzero(bits: int) -> int:
     """A random id of `bits` bits; W3C forbids the all-zero id."""
     return random.getrandbits(bits) or 1
@@ -102,9 +98,14 @@ class JobTrace:
         self.carrier = carrier
         """The message's trace headers (`traceparent`, `tracestate`, …)."""
         parent = TRACEPARENT.match(carrier.get("traceparent", "").strip().lower())
-        if parent is not None and int(parent.group(1), 16) and int(parent.group(2), 16):
-            self.trace_id = int(parent.group(1), 16)
-            self.flags = parent.group(3)
+        if (
+            parent is not None
+            and parent.group(1) == "00"  # the version whose fields are read here
+            and int(parent.group(2), 16)
+            and int(parent.group(3), 16)
+        ):
+            self.trace_id = int(parent.group(2), 16)
+            self.flags = parent.group(4)
         else:  # no parent, or one OpenTelemetry would not take: a trace of its own
             self.trace_id = _nonzero(128)
             self.flags = "01"
@@ -220,9 +221,6 @@ def trace_carrier(headers: Mapping[str, Any] | None) -> dict[str, str]:
         elif isinstance(value, bytes):
             carrier[key] = value.decode("utf-8", "replace")
     return carrier
-
-
-W3C_HEADERS = ("traceparent", "tracestate")
 
 
 def trace_context(trace: JobTrace | None) -> dict[str, str] | None:
