@@ -12,7 +12,10 @@
 #
 # Both run as the non-root user 1000, serve /healthz, /readyz and /metrics on port 8080, and
 # start `trtllm-worker serve` under dumb-init, which passes SIGTERM on (the worker drains)
-# and reaps the processes TensorRT-LLM spawns. The gpu image contains NVIDIA software under
+# and reaps the processes TensorRT-LLM spawns. Both hold the `gateway` extra too: the same
+# image runs the OpenAI-compatible gateway with `trtllm-worker gateway` (no GPU; port 8000,
+# WORKER_GATEWAY_PORT, with its own /healthz, /readyz and /metrics):
+#         docker run -p 8000:8000 ... trtllm-worker:0.1.0-cpu gateway The gpu image contains NVIDIA software under
 # NVIDIA's licence terms (see the base image).
 
 # TensorRT-LLM's release image; its tags follow the tensorrt_llm version. The default is
@@ -33,7 +36,7 @@ COPY trtllm_worker ./trtllm_worker
 RUN pip install --no-cache-dir --require-hashes -r tools/uv-requirements.txt \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && uv export --frozen --no-emit-project --extra uvloop --extra otel --extra image \
-        --output-file /wheels/requirements.txt \
+        --extra gateway --output-file /wheels/requirements.txt \
     && cp tools/image_requirements.py /wheels/
 
 # --- cpu: the echo engine, no GPU, no model ------------------------------------------
@@ -49,7 +52,8 @@ RUN groupadd --gid 1000 worker \
 COPY --from=wheel /wheels /tmp/wheels
 # everything from uv.lock, hash-checked: the worker's dependencies, uvloop (taken by
 # WORKER_EVENT_LOOP=auto), the trace exporter (used only when OTEL_EXPORTER_OTLP_ENDPOINT is
-# set) and dumb-init; then the worker itself, whose dependencies are all there by now
+# set), dumb-init and the gateway's server (Starlette, uvicorn); then the worker itself,
+# whose dependencies are all there by now
 RUN pip install --no-cache-dir --require-hashes -r /tmp/wheels/requirements.txt \
     && pip install --no-cache-dir --no-deps /tmp/wheels/*.whl \
     && rm -rf /tmp/wheels
@@ -57,7 +61,8 @@ USER 1000:1000
 WORKDIR /home/worker
 ENV HOME=/home/worker \
     WORKER_ENGINE=echo
-EXPOSE 8080
+# 8080: the worker's probes and metrics; 8000: the gateway (`trtllm-worker gateway`)
+EXPOSE 8080 8000
 ENTRYPOINT ["dumb-init", "--single-child", "--", "trtllm-worker"]
 CMD ["serve"]
 
@@ -83,7 +88,8 @@ COPY --from=wheel /wheels /tmp/wheels
 # rest are installed hash-checked with every package of the image pinned as a constraint,
 # so a lock pin that disagrees with the image fails the build instead of breaking
 # TensorRT-LLM. The worker goes in last with --no-index: its dependencies must all be
-# there, from the image or the lock.
+# there, from the image or the lock. (The image's own Starlette and uvicorn, which
+# trtllm-serve uses, serve the gateway too; the gateway extra's bounds must admit them.)
 RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
     && python3 /tmp/wheels/image_requirements.py /tmp/wheels/requirements.txt \
         /tmp/image-packages.txt > /tmp/worker-requirements.txt \
@@ -91,7 +97,7 @@ RUN python3 -m pip list --format=freeze > /tmp/image-packages.txt \
         --constraint /tmp/image-packages.txt -r /tmp/worker-requirements.txt \
     && wheel="$(find /tmp/wheels -name 'trtllm_worker-*.whl')" \
     && python3 -m pip install --no-cache-dir --no-index --constraint /tmp/image-packages.txt \
-        "${wheel}[uvloop,otel,image]" \
+        "${wheel}[uvloop,otel,image,gateway]" \
     && python3 -m trtllm_worker.engine.versions \
     && rm -rf /tmp/wheels /tmp/image-packages.txt /tmp/worker-requirements.txt \
     && test -x /opt/nvidia/nvidia_entrypoint.sh
@@ -99,7 +105,8 @@ USER 1000:1000
 WORKDIR /home/worker
 ENV HOME=/home/worker \
     WORKER_ENGINE=trtllm
-EXPOSE 8080
+# 8080: the worker's probes and metrics; 8000: the gateway (`trtllm-worker gateway`)
+EXPOSE 8080 8000
 # NVIDIA's entrypoint first (driver checks, CUDA forward compatibility), which then execs
 # dumb-init and the worker
 ENTRYPOINT ["/opt/nvidia/nvidia_entrypoint.sh", "dumb-init", "--single-child", "--", "trtllm-worker"]

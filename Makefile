@@ -105,4 +105,4 @@ bench: $(BENCH_STAMP)  ## every scenario; results in bench/results/ (BENCH_PROFI
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/run.py $(SCENARIOS)
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(TOOLS) build/site .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(LATEST) $(TOOLS) tests/node/node_modules build/site .mypy_cache .ruff_cache .pytest_cache .hypothesis *.egg-info

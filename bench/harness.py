@@ -21,7 +21,7 @@ import aio_pika
 import redis.asyncio as aioredis
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from redis.asyncio.cluster import RedisCluster
-from tqdm import tqdm  # type: ignore[import-untyped]
+from tqdm import tqdm
 
 from bench import settings
 from bench.procfs import children_cpu_s, peak_rss_mib, proc_stat, thread_cpu_s

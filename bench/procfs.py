@@ -50,3 +50,12 @@ def thread_cpu_s(pid: int, name: str) -> float:
         if (task / "comm").read_text().strip() == name[:15]:
             return _cpu_s((task / "stat").read_text())
     raise RuntimeError(f"no thread {name!r}")
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of every core since boot (/proc/stat's first line; idle
+    and iowait are not busy): two readings give how busy the machine was between them."""
+    with open("/proc/stat") as stat:
+        fields = [int(each) for each in stat.readline().split()[1:]]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    return total - fields[3] - fields[4], total

@@ -36,3 +36,26 @@ TIERS_COST_SCALE = int(os.environ.get("BENCH_TIERS_COST_SCALE", "8"))
 on: at 1 a run lasts under two seconds and single runs spread by 15 to 25 %."""
 TIERS_COST_ROUNDS = int(os.environ.get("BENCH_TIERS_COST_ROUNDS", "2"))
 """Rounds of before, this, this, before in the cost of priorities."""
+
+BATCH_LINES = int(os.environ.get("BENCH_BATCH_LINES", "50000"))
+"""Lines of the `batch` scenario's input file (50,000: OpenAI's limit per batch)."""
+BATCH_ROUNDS = int(os.environ.get("BENCH_BATCH_ROUNDS", "1"))
+"""Rounds of direct, batch, batch, direct in the `batch` scenario."""
+
+GATEWAY_LEVELS = tuple(
+    int(level)
+    for level in os.environ.get("BENCH_GATEWAY_LEVELS", "20,50,100,200,500,1000").split(",")
+)
+"""Concurrent streaming clients at each level of the `gateway` scenario's sweep."""
+GATEWAY_STEP_MS = float(os.environ.get("BENCH_GATEWAY_STEP_MS", "50"))
+"""The echo engine's step in the sweep: each stream's pace (50 ms: 20 tokens/s)."""
+GATEWAY_TOKENS = int(os.environ.get("BENCH_GATEWAY_TOKENS", "64"))
+"""max_tokens of every answer of the `gateway` scenario."""
+GATEWAY_WINDOW_S = float(os.environ.get("BENCH_GATEWAY_WINDOW_S", "10"))
+"""How long each level of the sweep is measured, after its clients have started."""
+GATEWAY_DIRECT = int(os.environ.get("BENCH_GATEWAY_DIRECT", "50"))
+"""At most this many concurrent direct readers beside a level's gateway clients."""
+GATEWAY_PAIRS = int(os.environ.get("BENCH_GATEWAY_PAIRS", "200"))
+"""Back-to-back pairs (gateway, direct) of the unloaded added TTFT."""
+GATEWAY_KEEP_GOING = os.environ.get("BENCH_GATEWAY_KEEP_GOING", "") not in ("", "0")
+"""Run every level of the `gateway` sweep, not only up to the first that did not hold."""

@@ -3,7 +3,9 @@ tokenizers made on the spot (nothing is downloaded)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tests.real_tokenizers import sentencepiece_folder, tekken_folder
 from tests.services import ServiceUrls, service_urls
 from trtllm_worker.config import Settings
+from trtllm_worker.contract.queues import cancel_exchange_name, dead_queue_name
 from trtllm_worker.tokenizer import builtin_byte_tokenizer
 
 CORPUS = [
@@ -39,6 +42,50 @@ def names() -> dict[str, str]:
     """A queue name and a stream prefix no other test uses."""
     suffix = uuid.uuid4().hex[:12]
     return {"queue": f"test-{suffix}", "stream_prefix": f"test:{suffix}:"}
+
+
+async def _delete_topology(amqp_url: str, queue: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(amqp_url, timeout=10)
+    try:
+        channel = await connection.channel()
+        for name in (queue, dead_queue_name(queue)):
+            await channel.queue_delete(name)
+        await channel.exchange_delete(cancel_exchange_name(queue))
+    finally:
+        await connection.close()
+
+
+@pytest.fixture(autouse=True)
+def delete_test_queues(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that named its own queue, delete that queue, its dead-letter
+    queue and its cancel exchange from the shared RabbitMQ, whoever declared them (a
+    worker started without the `amqp_channel` fixture declares them too). Left behind,
+    they pile up run after run until the broker runs out of file handles and every
+    test hangs: that is what failed CI once."""
+    if "names" not in request.fixturenames:
+        yield
+        return
+    # taken now: by teardown, the fixtures this one did not ask for are gone
+    names: dict[str, str] = request.getfixturevalue("names")
+    amqp_url: str = request.getfixturevalue("services").amqp
+    yield
+    # in a thread of its own: the test's event loop may be closed or still running
+    failure: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            asyncio.run(_delete_topology(amqp_url, names["queue"]))
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=delete, name="delete-test-queues")
+    thread.start()
+    thread.join(30)
+    if thread.is_alive() or failure:
+        reason = repr(failure[0]) if failure else "no answer in 30 s"
+        pytest.fail(f"could not delete the test's queue {names['queue']}: {reason}")
 
 
 @pytest.fixture

@@ -40,11 +40,14 @@ python313() {
 
 valkey() {
     step "Valkey 8.1 (integration tests, this machine's Python and RabbitMQ)"
-    trap 'bash "$TRIXIE" down valkey' RETURN
+    # EXIT, not RETURN: under `set -e` a failing pytest leaves the script, not the function
+    trap 'bash "$TRIXIE" down valkey' EXIT
     bash "$TRIXIE" up valkey
     make --no-print-directory PYTHON="$PYTHON" .venv/.installed-dev
     WORKER_TEST_REDIS_URL=redis://127.0.0.1:6383/0 \
         .venv/bin/pytest tests/integration -q -p no:cacheprovider
+    bash "$TRIXIE" down valkey
+    trap - EXIT
 }
 
 main() {  # [python313] [valkey]: both when none is named

@@ -36,7 +36,7 @@ STATE=/var/lib/trixie            # inside the root: pid files and logs of `up`
 CA=/etc/ssl/certs/ca-certificates.crt
 PACKAGES=(python3.13 python3-venv python3-dev python3-pip gcc make git ca-certificates openssl
     rabbitmq-server redis-server redis-sentinel redis-tools valkey-server valkey-tools
-    procps iproute2 util-linux netbase less)
+    procps iproute2 util-linux netbase less curl)
 NODE=trixie-rabbit@localhost AMQP_PORT=5682 DIST_PORT=25682 EPMD_PORT=4382
 declare -A PORT=([redis]=6382 [valkey]=6383)
 ENVV=(env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
@@ -58,7 +58,7 @@ sync_host_files() {  # the proxy's CA (apt, pip, git trust it) and DNS, from the
 
 make_root() {
     mkdir -p "$(dirname "$ROOT")"; exec 9>"$ROOT.lock"; flock 9   # one build at a time
-    if [ -f "$STAMP" ]; then say "root ready: $ROOT"; return; fi
+    if [ -f "$STAMP" ]; then add_missing_packages; say "root ready: $ROOT"; return; fi
     if [ -e "$ROOT" ]; then
         findmnt -rn -o TARGET | grep "^$ROOT/" >/dev/null && die "something is mounted under $ROOT"
         say "removing the half-made root $ROOT"; rm -rf --one-file-system "$ROOT"
@@ -80,6 +80,20 @@ make_root() {
     in_root python3.13 -m venv /tmp/venv-check || die "python3.13 -m venv does not work"
     touch "$STAMP"; rm -f "$ROOT.debootstrap.log" "$ROOT.apt.log"
     say "root ready: $ROOT"
+}
+
+add_missing_packages() {  # a root made before PACKAGES grew gets what it lacks
+    local missing
+    # shellcheck disable=SC2016
+    mapfile -t missing < <(in_root sh -c \
+        'for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done' sh "${PACKAGES[@]}")
+    [ ${#missing[@]} -gt 0 ] || return 0
+    say "apt-get install ${missing[*]} (new since the root was made)"
+    in_root sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends ${missing[*]}" >"$ROOT.apt.log" 2>&1 ||
+        die_log "$ROOT.apt.log"
+    sync_host_files
+    rm -f "$ROOT.apt.log"
 }
 
 configure_root() {  # apt sources, the machine's apt proxy settings, no services started

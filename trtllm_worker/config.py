@@ -79,6 +79,41 @@ class Settings(BaseSettings):
         description="how long a UTC day's per-tenant usage counters are kept after their "
         "last write (default 90 days; `trtllm-worker usage` reads them); at most 10^15",
     )
+    batch_ttl_s: Annotated[int, Field(ge=1, le=REDIS_MAX_TTL_S)] = Field(
+        2_592_000,
+        description="how long a batch's results are kept after it ends (completed, "
+        "cancelled or expired; default 30 days), whatever `WORKER_STREAM_TTL_S` is; at "
+        "most 10^15",
+    )
+    model_name: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None,
+        description="the model's public name: `model` in batch results (and the gateway's "
+        "`/v1/models`). Unset: the folder name of `WORKER_MODEL` (or of "
+        "`WORKER_ENGINE_DIR`), else `echo`",
+    )
+    gateway_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        8000,
+        description="`trtllm-worker gateway`: the OpenAI-compatible API's port (`/v1/...`, "
+        "with `/healthz`, `/readyz`, `/metrics` of its own); `0` picks a free port",
+    )
+    gateway_host: str = Field("0.0.0.0", description="address the gateway binds")
+    gateway_keys_file: Path | None = Field(
+        None,
+        description='the gateway\'s API keys: a JSON object, key → `{"tenant": str, '
+        '"priority": 0-9}`, read again when the file changes. Unset: no authentication '
+        "(the gateway logs a warning at start)",
+    )
+    gateway_max_queued: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="the gateway answers 429 (with `Retry-After`) to new requests while "
+        "the queue holds more than this many ready jobs; `0`: no limit (RabbitMQ's own "
+        "refusals still give 429)",
+    )
+    gateway_cors_origins: str = Field(
+        "",
+        description="origins (comma-separated, or `*`) whose browser pages may call the "
+        "gateway (CORS), e.g. an `EventSource` on `/v1/streams/{id}`; empty: none",
+    )
     engine: Literal["echo", "trtllm", "trtllm-executor"] = Field(
         "echo",
         description="`echo` (built in, CPU, no model), `trtllm` (TensorRT-LLM LLM API, "
@@ -404,6 +439,16 @@ class Settings(BaseSettings):
         if self.tokenizer is not None:
             return self.tokenizer
         return self.model if self.engine == "trtllm" else None
+
+    @property
+    def served_model_name(self) -> str:
+        """`WORKER_MODEL_NAME`, else the model folder's name, else `echo`."""
+        if self.model_name is not None:
+            return self.model_name
+        folder = self.model if self.engine == "trtllm" else self.engine_dir
+        if self.engine != "echo" and folder is not None and folder.name:
+            return folder.name
+        return "echo"
 
     @property
     def effective_max_seq_len(self) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from bench.scenarios import (
     baseline,
+    batch,
     cluster,
+    gateway,
     idle,
     multitoken,
     single,
@@ -33,6 +35,8 @@ REGISTRY: dict[str, Scenario] = {
         tiers.SCENARIO,
         tiers.QUORUM_SCENARIO,
         tiers.COST_SCENARIO,
+        batch.SCENARIO,
+        gateway.SCENARIO,
         idle.SCENARIO,
     )
 }
@@ -41,6 +45,6 @@ REGISTRY: dict[str, Scenario] = {
 SUMMARY_ORDER = (
     "throughput", "baseline", "short", "latency", "realistic", "soak", "multitoken",
     "cluster", "streams", "length", "tracing", "tiers", "tiers-quorum", "tiers-cost",
-    "idle",
+    "batch", "gateway", "idle",
 )  # fmt: skip
 """The rows of SUMMARY.md (and of the README's table), headline figures first."""

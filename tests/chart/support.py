@@ -148,8 +148,45 @@ ALL_ON: dict[str, Any] = merge(
             "fallback": {"failureThreshold": 3, "replicas": 2},
         },
         "serviceAccount": {"annotations": {"example.com/role": "llm-worker"}},
+        "gateway": {
+            "enabled": True,
+            "image": {"tag": "0.1.0-cpu"},
+            "apiKeys": {"existingSecret": "gateway-keys"},
+            "mountModel": True,
+            "nodeSelector": {"node-role.example.com/cpu": "true"},
+            "podAnnotations": {"example.com/owner": "ml-platform"},
+            "podLabels": {"cost-center": "llm"},
+            "extraEnv": [{"name": "WEB_CONCURRENCY", "value": "1"}],
+            "tmp": {"sizeLimit": "2Gi"},
+            "service": {"annotations": {"example.com/scrape": "true"}},
+            "ingress": {
+                "enabled": True,
+                "className": "nginx",
+                "annotations": {
+                    "nginx.ingress.kubernetes.io/proxy-buffering": "off",
+                    "nginx.ingress.kubernetes.io/proxy-read-timeout": "3600",
+                },
+                "tls": [{"hosts": ["llm.example.com"], "secretName": "llm-example-tls"}],
+            },
+            "autoscaling": {
+                "enabled": True,
+                "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}},
+            },
+            "pdb": {"minAvailable": 1},
+            "networkPolicy": {
+                "from": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}
+                        }
+                    }
+                ],
+            },
+        },
     },
 )
+# the gateway's objects are named after the release's full name
+GATEWAY = f"{FULLNAME}-gateway"
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""The Grafana dashboard shows the worker's metrics, under their real names."""
+"""The Grafana dashboard shows the worker's and the gateway's metrics, under their real
+names."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from tests.chart.support import DASHBOARD
 from trtllm_worker.engine.base import EngineStats
 from trtllm_worker.engine.stats import EngineStatsCollector
+from trtllm_worker.gateway.metrics import GatewayMetrics
 from trtllm_worker.ops.metrics import Metrics
 
 Panel = dict[str, Any]
@@ -63,7 +65,12 @@ def series_names(families: dict[str, str]) -> set[str]:
     return names
 
 
+def gateway_families() -> dict[str, str]:
+    return {metric.name: metric.type for metric in GatewayMetrics().registry.collect()}
+
+
 METRIC = re.compile(r"\b(worker_[a-z0-9_]+)\b")
+GATEWAY_METRIC = re.compile(r"\b(trtllm_gateway_[a-z0-9_]+)\b")
 
 
 def test_dashboard_basics() -> None:
@@ -103,8 +110,11 @@ def test_every_query_uses_the_datasource_and_filters() -> None:
             expr = target["expr"]
             assert expr.count("(") == expr.count(")"), expr
             assert expr.count("{") == expr.count("}"), expr
-            for selector in re.findall(r"worker_[a-z0-9_]+\{([^}]*)\}", expr):
+            for selector in re.findall(r"\bworker_[a-z0-9_]+\{([^}]*)\}", expr):
                 assert 'pod=~"$pod"' in selector, expr
+            # the gateway's pods are not the workers' ($job and $pod list those)
+            for selector in re.findall(r"trtllm_gateway_[a-z0-9_]+\{([^}]*)\}", expr):
+                assert selector == 'namespace=~"$namespace"', expr
             for window in re.findall(r"\[([^\]]+)\]", expr):
                 assert window == "$__rate_interval", expr
 
@@ -122,6 +132,24 @@ def test_every_metric_of_the_worker_has_a_panel() -> None:
     missing = [
         name
         for name, kind in sorted(worker_families().items())
+        if not any(series in text for series in series_names({name: kind}))
+    ]
+    assert not missing, f"add panels to {DASHBOARD.name} for {missing}"
+
+
+def test_queries_name_only_real_gateway_metrics() -> None:
+    known = series_names(gateway_families())
+    used = {name for expr in expressions(load()) for name in GATEWAY_METRIC.findall(expr)}
+    assert used, "the dashboard queries nothing of the gateway"
+    unknown = sorted(used - known)
+    assert not unknown, f"the gateway exposes no {unknown}"
+
+
+def test_every_metric_of_the_gateway_has_a_panel() -> None:
+    text = " ".join(expressions(load()))
+    missing = [
+        name
+        for name, kind in sorted(gateway_families().items())
         if not any(series in text for series in series_names({name: kind}))
     ]
     assert not missing, f"add panels to {DASHBOARD.name} for {missing}"

@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from tests.chart.support import COMPOSE, DOCKERFILE, DOCKERIGNORE, ROOT
+from trtllm_worker.app.cli import build_parser
+from trtllm_worker.config import Settings
 from trtllm_worker.engine import versions
 
 
@@ -123,7 +125,8 @@ def test_runtime_image(target: str) -> None:
     stage = {s.name: s for s in parse()[1]}[target]
     # non-root, numeric so that Kubernetes' runAsNonRoot can verify it
     assert stage.last("USER") == "1000:1000"
-    assert stage.last("EXPOSE") == "8080"
+    # the worker's probes and metrics, and the gateway's API (`trtllm-worker gateway`)
+    assert stage.last("EXPOSE").split() == ["8080", "8000"]
     entrypoint = exec_form(stage.last("ENTRYPOINT"))
     assert entrypoint[-1] == "trtllm-worker"
     # an init passes SIGTERM on to the worker (it drains) and reaps what TensorRT-LLM spawns
@@ -146,7 +149,7 @@ def test_images_install_what_the_lock_pins() -> None:
     assert export, run
     flags = export.group(1).split()
     assert "--frozen" in flags
-    assert {"uvloop", "otel", "image"} <= {
+    assert {"uvloop", "otel", "image", "gateway"} <= {
         flags[i + 1] for i, flag in enumerate(flags) if flag == "--extra"
     }
     lock = (ROOT / "uv.lock").read_text(encoding="utf-8")
@@ -163,11 +166,24 @@ def test_gpu_image_keeps_the_tensorrt_llm_of_its_base() -> None:
         "--require-hashes --constraint /tmp/image-packages.txt -r /tmp/worker-requirements.txt"
         in run
     )
-    assert '--no-index --constraint /tmp/image-packages.txt "${wheel}[uvloop,otel,image]"' in run
+    assert (
+        '--no-index --constraint /tmp/image-packages.txt "${wheel}[uvloop,otel,image,gateway]"'
+        in run
+    )
     assert "pip list --format=freeze > /tmp/image-packages.txt" in run
     # the build fails on a base whose TensorRT-LLM the worker does not support
     assert "python3 -m trtllm_worker.engine.versions" in run
     assert not re.search(r"pip install[^&]*\btensorrt[-_]llm\b", run)
+
+
+def test_either_image_runs_either_role() -> None:
+    # one image, two commands: `serve` (the default CMD) and `gateway`, whose extra both
+    # images install (test_images_install_what_the_lock_pins) and whose default port they
+    # expose (test_runtime_image)
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).command == "serve"
+    assert parser.parse_args(["gateway"]).command == "gateway"
+    assert Settings.model_fields["gateway_port"].default == 8000
 
 
 def test_cpu_image_runs_the_echo_engine() -> None:

@@ -43,6 +43,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "model": {"hostPath": "/srv/models"},
         },
     ),
+    # the gateway with its defaults (ALL_ON has every option of it)
+    "gateway": merge(
+        EXISTING_SECRET,
+        {"gateway": {"enabled": True, "apiKeys": {"existingSecret": "gateway-keys"}}},
+    ),
 }
 
 

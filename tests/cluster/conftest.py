@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     cleanup_keys,
     producer,
     redis_client,
+    run_gateway,
     run_worker,
     spawn,
     subscriber,
@@ -37,8 +38,8 @@ from tests.integration.conftest import (
 
 # the integration fixtures
 __all__ = [
-    "amqp_channel", "cleanup_keys", "producer", "redis_client", "run_worker", "spawn",
-    "subscriber",
+    "amqp_channel", "cleanup_keys", "producer", "redis_client", "run_gateway", "run_worker",
+    "spawn", "subscriber",
 ]  # fmt: skip
 
 

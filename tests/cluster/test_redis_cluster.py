@@ -192,9 +192,12 @@ async def test_a_batch_for_a_slot_moved_behind_the_client_s_back_lands(
 
     client = cast(RedisCluster, await connect_redis(redis_cluster.url, client_name="test"))
     store = StreamStore(client, ttl_s=60)
-    keys = [names["stream_prefix"] + rid() for _ in range(12)]
-    slot = key_slot(keys[0].encode())
-    old = int(client.nodes_manager.get_node_from_slot(slot).port)
+    while True:  # a slot no earlier test left keys in: only an empty slot can be moved
+        keys = [names["stream_prefix"] + rid() for _ in range(12)]
+        slot = key_slot(keys[0].encode())
+        old = int(client.nodes_manager.get_node_from_slot(slot).port)
+        if redis_cli(old, "cluster", "countkeysinslot", str(slot)).strip() == "0":
+            break
     new = next(p for p in redis_cluster.ports if p != old)
     ids = {p: redis_cluster_id(p) for p in redis_cluster.ports}
     fields: Fields = {"event": "token", "index": 0, "token_id": 97, "text": "a"}

@@ -5,5 +5,6 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures)
     amqp_channel,
     cleanup_keys,
     redis_client,
+    run_gateway,
     run_worker,
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import WorkerFactory
+from tests.integration.conftest import GatewayFactory, WorkerFactory
 from tests.services import ServiceUrls
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
@@ -92,3 +92,34 @@ async def test_the_cli_example(
     async with run_worker():
         out = await run_example(example_env, tmp_path, "bash", str(EXAMPLES / "cli.sh"))
     assert out == "Once upon a time\nHelloHel\n"
+
+
+@pytest.mark.usefixtures("amqp_channel", "cleanup_keys")
+async def test_the_batch_example(
+    run_worker: WorkerFactory, example_env: dict[str, str], tmp_path: Path
+) -> None:
+    async with run_worker():
+        out = await run_example(example_env, tmp_path, "bash", str(EXAMPLES / "batch.sh"))
+    assert out == (
+        "{'total': 3, 'completed': 2, 'failed': 1}\n"
+        "greeting 'HelloHel'\n"
+        "story 'Once upon a time'\n"
+        "three invalid_request\n"
+    )
+    assert (tmp_path / "output.jsonl").read_bytes().count(b"\n") == 2
+
+
+@pytest.mark.usefixtures("amqp_channel", "cleanup_keys")
+async def test_the_gateway_examples_curl_and_the_openai_package(
+    run_worker: WorkerFactory,
+    run_gateway: GatewayFactory,
+    example_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    async with run_worker(), run_gateway() as gateway:
+        env = {**example_env, "GATEWAY": gateway.url}
+        curl = await run_example(env, tmp_path, "bash", str(EXAMPLES / "gateway.sh"))
+        python = await run_example(env, tmp_path, sys.executable, str(EXAMPLES / "gateway_sdk.py"))
+    # 16 token chunks and the finish chunk; 16 token entries and `done`, 3 of them before
+    assert curl == "HelloHel\n17\n14 entries after the third, the last: done\n"
+    assert python == "HelloHel 8\n'Once upon a time' 32\n"

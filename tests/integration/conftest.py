@@ -141,16 +141,11 @@ async def redis_client(services: ServiceUrls) -> AsyncIterator[aioredis.Redis]:
 
 
 @pytest.fixture
-async def amqp_channel(
-    services: ServiceUrls, names: dict[str, str]
-) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
+async def amqp_channel(services: ServiceUrls) -> AsyncIterator[aio_pika.abc.AbstractChannel]:
     connection = await aio_pika.connect(services.amqp)
     channel = await connection.channel()
     yield channel
-    with contextlib.suppress(Exception):
-        for name in (names["queue"], f"{names['queue']}.dead"):
-            await channel.queue_delete(name)
-        await channel.exchange_delete(f"{names['queue']}.cancel")
+    # the queues themselves go in tests/conftest.py's delete_test_queues, for every test
     await connection.close()
 
 
@@ -294,3 +289,136 @@ async def spawn(
             worker._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await worker._reader
+
+
+# -- the gateway ---------------------------------------------------------------------------
+
+GATEWAY_READY = re.compile(r"gateway ready: model \S+, http://\S+:(\d+)/v1")
+
+
+@dataclass
+class GatewayServer:
+    """A gateway serving in this test's event loop (uvicorn on a socket bound here)."""
+
+    app: Any
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What the OpenAI SDKs take as `base_url`."""
+        return f"{self.url}/v1"
+
+
+GatewayFactory = Callable[..., AbstractAsyncContextManager[GatewayServer]]
+
+
+@pytest.fixture
+def run_gateway(make_settings: Callable[..., Settings]) -> GatewayFactory:
+    """`async with run_gateway(**settings) as gateway:` serves the gateway on a free port
+    of 127.0.0.1 in this event loop, on this test's queue and prefix."""
+    import uvicorn
+
+    from trtllm_worker.gateway.app import create_app
+    from trtllm_worker.gateway.server import bind
+
+    @contextlib.asynccontextmanager
+    async def run(**overrides: Any) -> AsyncIterator[GatewayServer]:
+        settings = make_settings(**overrides)
+        app = create_app(settings)
+        sock = bind("127.0.0.1", 0)
+        config = uvicorn.Config(
+            app,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            http="httptools",
+            timeout_graceful_shutdown=5,
+        )
+        server = uvicorn.Server(config)
+        # the socket listens already: a client may connect at once, uvicorn accepts once
+        # the app's startup has run
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            yield GatewayServer(app, int(sock.getsockname()[1]))
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()
+
+    return run
+
+
+@dataclass
+class GatewayProcess:
+    """A `trtllm-worker gateway` process, its stderr read continuously."""
+
+    process: asyncio.subprocess.Process
+    lines: list[str] = field(default_factory=list)
+    port: int = 0
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    _reader: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        assert self.process.stderr is not None
+        while line := (await self.process.stderr.readline()).decode(errors="replace"):
+            self.lines.append(line)
+            match = GATEWAY_READY.search(line)
+            if match:
+                self.port = int(match.group(1))
+                self._ready.set()
+
+    async def wait_ready(self, within_s: float = 30) -> None:
+        try:
+            await asyncio.wait_for(self._ready.wait(), within_s)
+        except TimeoutError:
+            raise AssertionError("gateway not ready:\n" + self.log()) from None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+SpawnGateway = Callable[..., Awaitable[GatewayProcess]]
+
+
+@pytest.fixture
+async def spawn_gateway(
+    services: ServiceUrls, names: dict[str, str], tmp_path: Path
+) -> AsyncIterator[SpawnGateway]:
+    """`await spawn_gateway(WORKER_GATEWAY_KEYS_FILE=...)` starts a gateway process on
+    this test's queue and prefix, on a free port, and waits until it serves."""
+    started: list[GatewayProcess] = []
+
+    async def start(ready: bool = True, **env: str) -> GatewayProcess:
+        # a port of the test's choosing stands (a gateway restarted where it was)
+        env = {"WORKER_GATEWAY_HOST": "127.0.0.1", "WORKER_GATEWAY_PORT": "0", **env}
+        environment = worker_env(services, names, **env)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "trtllm_worker", "gateway",
+            env=environment, cwd=tmp_path,
+            stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        gateway = GatewayProcess(process)
+        gateway._reader = asyncio.create_task(gateway._read())
+        started.append(gateway)
+        if ready:
+            await gateway.wait_ready()
+        return gateway
+
+    yield start
+    for gateway in started:
+        if gateway.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                gateway.process.send_signal(signal.SIGKILL)
+            await gateway.process.wait()
+        if gateway._reader is not None:
+            gateway._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gateway._reader

@@ -20,10 +20,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import aiormq
+import httpx
+import openai
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
@@ -31,6 +33,7 @@ from redis.exceptions import NoPermissionError
 from tests.integration.conftest import (
     Producer,
     Spawn,
+    SpawnGateway,
     Subscriber,
     WorkerProcess,
     terminal,
@@ -40,8 +43,9 @@ from tests.integration.test_faults import assert_exact, wait_for_entries
 from tests.services import ServiceUrls
 from trtllm_worker.connect.redis import QUIET_HANDSHAKE
 
-ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin")
-ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin")
+ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin", "trtllm-gateway")
+ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin", "trtllm-gateway")
+RABBITMQCTL_TIMEOUT_S = 60.0
 
 
 def free_port() -> int:
@@ -70,12 +74,49 @@ def acl_json(names: dict[str, str], **env: str) -> dict[str, Any]:
     return grants
 
 
-def rabbitmqctl(*args: str) -> str:
-    result = subprocess.run(
-        ["rabbitmqctl", *args], capture_output=True, text=True, timeout=60, check=False
+def run_rabbitmqctl(
+    *args: str, timeout_s: float = RABBITMQCTL_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """`rabbitmqctl ARGS` in a process group of its own: one that does not answer within
+    `timeout_s` is killed whole (the script and the Erlang VM it runs), never left
+    hanging, and raises `TimeoutError`."""
+    process = subprocess.Popen(
+        ["rabbitmqctl", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=10)
+        raise TimeoutError(
+            f"rabbitmqctl {args[0]}: no answer within {timeout_s:.0f}s (killed)"
+        ) from None
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def rabbitmqctl(*args: str) -> str:
+    result = run_rabbitmqctl(*args)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def removed(*args: str) -> str | None:
+    """`rabbitmqctl delete_… NAME`: None once it is gone (deleted now, or never made),
+    else why not. Never raises: every removal of a teardown is tried."""
+    try:
+        result = run_rabbitmqctl(*args)
+    except (TimeoutError, OSError) as exc:
+        return str(exc)
+    gone = ("does not exist", "no_such_user", "no_such_vhost")
+    if result.returncode == 0 or any(word in result.stderr + result.stdout for word in gone):
+        return None
+    return f"rabbitmqctl {' '.join(args)}: {result.stderr.strip()}"
 
 
 @dataclass
@@ -142,18 +183,30 @@ def granted(names: dict[str, str], services: ServiceUrls, tmp_path: Path) -> Ite
         rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
         for role, permissions in grants["rabbitmq"].items():
             user = state.rabbitmq_user(role)
+            made.append(user)  # before: an add_user cut short may have made it
             rabbitmqctl("add_user", user, state.passwords[role])
-            made.append(user)
             state.set_permissions(
                 role, permissions["configure"], permissions["write"], permissions["read"]
             )
         yield state
     finally:
+        for role in grants["redis"]:  # gone with the server too; deleted first all the same
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run(
+                    ["redis-cli", "-p", str(port), "ACL", "DELUSER", role],
+                    capture_output=True, timeout=10, check=False,
+                )  # fmt: skip
         server.send_signal(signal.SIGTERM)
-        server.wait(30)
-        subprocess.run(["rabbitmqctl", "delete_vhost", vhost], capture_output=True, check=False)
-        for user in made:
-            subprocess.run(["rabbitmqctl", "delete_user", user], capture_output=True, check=False)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        # the vhost goes with every queue and exchange the test's processes declared in it
+        left = [removed("delete_vhost", vhost)]
+        left += [removed("delete_user", user) for user in made]
+        problems = [problem for problem in left if problem is not None]
+        assert not problems, problems
 
 
 def _wait_listening(port: int) -> None:
@@ -242,9 +295,11 @@ async def test_the_worker_runs_its_whole_path_under_its_grants(
     root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
     try:
         stats = await root.info("errorstats")
+        refusals = await root.acl_log()  # also a script's refused call that it handled
     finally:
         await root.aclose()
     assert "errorstat_NOPERM" not in stats, stats
+    assert refusals == []
 
 
 async def test_each_role_is_refused_what_it_must_not_do(
@@ -323,6 +378,15 @@ def test_the_rules_are_minimal(names: dict[str, str]) -> None:
     assert set(grants["redis"]) == set(ROLES_REDIS)
     assert set(grants["rabbitmq"]) == set(ROLES_RABBITMQ)
     forbidden = ("flush", "keys", "config", "script|flush", "acl", "debug", "shutdown")
+    # the gateway's keys are narrower: streams, its files and batches, its stream
+    # reader's wake stream, three side keys (never the usage counters or a delivery count)
+    key_patterns = {
+        "trtllm-gateway": {
+            f"{prefix}[A-Za-z0-9]*", f"{prefix}_file:*", f"{prefix}_batch:*",
+            f"{prefix}_batches", f"{prefix}_gateway:*", f"{{{prefix}*}}:cancel",
+            f"{{{prefix}*}}:batch", f"{{{prefix}*}}:lease",
+        },
+    }  # fmt: skip
     for user, rules in grants["redis"].items():
         assert rules[:4] == ["reset", "on", ">PASSWORD", "resetchannels"], user
         for rule in rules[4:]:
@@ -330,12 +394,16 @@ def test_the_rules_are_minimal(names: dict[str, str]) -> None:
             assert rule not in ("~*", "%R~*", "%W~*", "+@all"), rule
             if rule.startswith(("~", "%R~")):
                 pattern = rule.split("~", 1)[1]
-                assert pattern in (f"{prefix}*", f"{{{prefix}*}}:*"), rule
+                allowed_keys = key_patterns.get(user, {f"{prefix}*", f"{{{prefix}*}}:*"})
+                assert pattern in allowed_keys, rule
             else:
                 assert rule.startswith("+"), rule
                 assert not any(word in rule for word in forbidden), rule
     assert grants["redis"]["trtllm-subscriber"][4] == f"%R~{prefix}*"  # read only
     assert "+xadd" not in grants["redis"]["trtllm-subscriber"]
+    assert not {"+eval", "+scan", "+keys", "+type", "+xtrim"} & set(
+        grants["redis"]["trtllm-gateway"]
+    )
     allowed = {
         queue,
         f"{queue}.dead",
@@ -359,8 +427,9 @@ def test_the_rules_are_minimal(names: dict[str, str]) -> None:
             assert pattern.endswith("$"), (user, kind)
             matched = {name for name in allowed | others if re.search(pattern, name)}
             assert matched <= allowed | {""}, (user, kind, matched)
-    producer = grants["rabbitmq"]["trtllm-producer"]
-    assert producer["configure"] == producer["read"] == "^$"
+    for role in ("trtllm-producer", "trtllm-gateway"):
+        permissions = grants["rabbitmq"][role]
+        assert permissions["configure"] == permissions["read"] == "^$", role
 
 
 async def test_a_missing_grant_is_one_line_in_check_and_the_worker_exits_69(
@@ -519,6 +588,7 @@ async def test_a_classic_queue_under_the_grants(
         key = "{" + subscriber.key(request_id) + "}:deliveries"
         assert await root.get(key) == "1"  # the redelivery counted, as its own user
         assert "errorstat_NOPERM" not in await root.info("errorstats")
+        assert await root.acl_log() == []
     finally:
         await root.aclose()
 
@@ -535,3 +605,358 @@ def test_acl_refuses_a_prefix_an_acl_pattern_cannot_hold(names: dict[str, str]) 
     assert result.returncode == 2
     assert "WORKER_STREAM_PREFIX holds a space" in result.stderr
     assert result.stdout == ""
+
+
+async def batch_cli(
+    granted: Granted, names: dict[str, str], role: str, *args: str
+) -> tuple[int, str, str]:
+    """`trtllm-worker batch ARGS` as `role`; exit code, stdout, stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKER_")}
+    env.update(
+        WORKER_QUEUE=names["queue"], WORKER_STREAM_PREFIX=names["stream_prefix"],
+        WORKER_AMQP_URL=granted.amqp_url(role), WORKER_REDIS_URL=granted.redis_url(role),
+    )  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "trtllm_worker", "batch", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def completion_lines(prefix: str, count: int, max_tokens: int) -> str:
+    return "".join(
+        json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/completions",
+                    "body": {"model": "echo", "prompt": f"{prefix} {i} ",
+                             "max_tokens": max_tokens}}) + "\n"
+        for i in range(count)
+    )  # fmt: skip
+
+
+async def test_batches_run_under_the_admin_grants(
+    granted: Granted, names: dict[str, str], spawn: Spawn, tmp_path: Path
+) -> None:
+    """submit, status, results, list and cancel, from the CLI as trtllm-admin (Redis and
+    RabbitMQ), the worker as trtllm-worker: every command each runs is granted (a refusal
+    the code swallows, a cancel mark, still counts in Redis's error stats)."""
+    admin = "trtllm-admin"
+    # 4 lines at a time: a cancel ends the queued ones itself (the write script)
+    worker = await spawn(WORKER_ECHO_STEP_MS="10", WORKER_MAX_BATCH="4", **worker_urls(granted))
+    short = tmp_path / "short.jsonl"
+    short.write_text(completion_lines("short", 12, 3) + '{"custom_id": "bad"}\n')
+    code, out, err = await batch_cli(granted, names, admin, "submit", str(short),
+                                     "--id", "acl-short", "--wait")  # fmt: skip
+    assert (code, out.strip()) == (0, "acl-short"), err
+    code, out, err = await batch_cli(granted, names, admin, "status", "acl-short")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["status"] == "completed"
+    assert status["request_counts"] == {"total": 13, "completed": 12, "failed": 1}
+    output, errors = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    code, out, err = await batch_cli(granted, names, admin, "results", "acl-short",
+                                     "-o", str(output), "--errors", str(errors))  # fmt: skip
+    assert code == 0, err
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == [f"short-{i}" for i in range(12)]
+    assert len(errors.read_text().splitlines()) == 1
+
+    slow = tmp_path / "slow.jsonl"
+    slow.write_text(completion_lines("slow", 20, 2000))
+    code, out, err = await batch_cli(granted, names, admin, "submit", str(slow),
+                                     "--id", "acl-slow")  # fmt: skip
+    assert code == 0, err
+    root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
+    try:
+        # one line running: the cancel meets started and queued lines
+        await wait_for_entries(Subscriber(root, names["stream_prefix"]), "acl-slow:0", 2)
+        # no worker left to load the write script again: the cancel loads it itself
+        # (NOSCRIPT), ends the queued lines and marks the started ones, which the next
+        # worker ends as cancelled
+        worker.signal(signal.SIGKILL)
+        assert await worker.wait() == -signal.SIGKILL
+        await root.script_flush()
+        code, out, err = await batch_cli(granted, names, admin, "cancel", "acl-slow")
+        assert code == 0, err
+        assert json.loads(out)["status"] == "cancelling"
+        await spawn(WORKER_ECHO_STEP_MS="10", **worker_urls(granted))
+        code, out, err = await batch_cli(granted, names, admin, "wait", "acl-slow")
+        cancelled = json.loads(out)
+        assert cancelled["status"] == "cancelled", err
+        assert cancelled["request_counts"] == {"total": 20, "completed": 0, "failed": 20}
+        last = names["stream_prefix"] + "acl-slow:19"  # never taken: ended by the cancel
+        ended = cast(list[tuple[str, dict[str, str]]], await root.xrange(last))
+        assert [fields for _, fields in ended] == [
+            {"event": "done", "finish_reason": "cancelled", "generated_tokens": "0",
+             "input_tokens": "0", "generated_text": ""}
+        ]  # fmt: skip
+        code, out, err = await batch_cli(granted, names, admin, "list")
+        assert code == 0, err
+        assert {json.loads(line)["id"] for line in out.splitlines()} == {"acl-slow", "acl-short"}
+        # a refusal the code would swallow (a cancel mark) still counts here; one the
+        # write script handles itself (its pcalls: XLEN, GET) only in the ACL log
+        assert "errorstat_NOPERM" not in await root.info("errorstats")
+        assert await root.acl_log() == []
+    finally:
+        await root.aclose()
+
+
+# -- the gateway ----------------------------------------------------------------------------
+
+TEMPLATE = Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen2.5.jinja"
+MODEL = "tiny-echo"
+SERVED = {"WORKER_CHAT_TEMPLATE": str(TEMPLATE), "WORKER_MODEL_NAME": MODEL}
+
+
+def gateway_urls(granted: Granted) -> dict[str, str]:
+    return {
+        "WORKER_AMQP_URL": granted.amqp_url("trtllm-gateway"),
+        "WORKER_REDIS_URL": granted.redis_url("trtllm-gateway"),
+    }
+
+
+def chat_lines(prefix: str, count: int, max_tokens: int) -> bytes:
+    return "".join(
+        json.dumps({"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": MODEL, "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": f"{prefix} {i}"}]}}) + "\n"
+        for i in range(count)
+    ).encode()  # fmt: skip
+
+
+async def batch_reaches(
+    client: openai.AsyncOpenAI, batch_id: str, status: str, wait_s: float = 60
+) -> openai.types.Batch:
+    """Polls the batch (each poll may move it on: finalize, expire) until `status`."""
+    async with asyncio.timeout(wait_s):
+        while True:
+            batch = await client.batches.retrieve(batch_id)
+            if batch.status == status:
+                return batch
+            assert batch.status in ("validating", "in_progress", "finalizing", "cancelling"), batch
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(180)
+async def test_the_gateway_serves_under_its_grants(
+    granted: Granted, names: dict[str, str], spawn: Spawn, spawn_gateway: SpawnGateway
+) -> None:
+    """A gateway process as trtllm-gateway (a depth limit set: every request asks the
+    queue's depth, a passive declare), driven by the `openai` package: a chat answer
+    whole and streamed, its stream from /v1/streams, a client that leaves mid-answer
+    (its job ends cancelled), a batch run and read back, another cancelled with its
+    lines queued (ended by the write script, which the gateway loads on NOSCRIPT). The
+    worker runs as trtllm-worker. Nothing was refused: Redis's error stats count even a
+    refusal the code swallows."""
+    worker = await spawn(WORKER_ECHO_STEP_MS="10", WORKER_MAX_BATCH="2", **SERVED,
+                         **worker_urls(granted))  # fmt: skip
+    gateway = await spawn_gateway(WORKER_GATEWAY_MAX_QUEUED="1000", **SERVED,
+                                  **gateway_urls(granted))  # fmt: skip
+    root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
+    subscriber = Subscriber(root, names["stream_prefix"])
+    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.port}", timeout=30)
+    try:
+        messages: Any = [{"role": "user", "content": "granted, whole"}]
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=8
+        )
+        whole, request_id = raw.parse(), raw.headers["x-request-id"]
+        done = terminal(await subscriber.read_until_terminal(request_id))
+        assert whole.choices[0].message.content == done["generated_text"]
+        assert whole.usage is not None
+        assert whole.usage.completion_tokens == 8
+
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=8, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == done["generated_text"]  # the echo engine: the same prompt, the same text
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 8
+
+        stored = cast(
+            list[tuple[str, dict[str, str]]], await root.xrange(subscriber.key(request_id))
+        )
+        assert await sse_events(http, request_id) == stored
+        after_end = await http.get(
+            f"/v1/streams/{request_id}", headers={"Last-Event-ID": stored[-1][0]}
+        )
+        assert after_end.status_code == 204  # it read the stream's end (XREVRANGE)
+
+        body = {"model": MODEL, "prompt": "a long answer", "max_tokens": 2000, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            left_id = response.headers["x-request-id"]
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    break  # the job runs; the client leaves
+        left = terminal(await subscriber.read_until_terminal(left_id))
+        assert left["finish_reason"] == "cancelled"  # the cancel mark and the broadcast
+
+        uploaded = await client.files.create(
+            file=("in.jsonl", chat_lines("ok", 3, 4) + b'{"custom_id": "bad"}\n'),
+            purpose="batch",
+        )
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        completed = await batch_reaches(client, batch.id, "completed")
+        assert completed.request_counts is not None
+        assert (completed.request_counts.completed, completed.request_counts.failed) == (3, 1)
+        assert completed.output_file_id is not None
+        assert completed.error_file_id is not None
+        output = (await client.files.content(completed.output_file_id)).text.splitlines()
+        assert [json.loads(line)["custom_id"] for line in output] == ["ok-0", "ok-1", "ok-2"]
+        errors = (await client.files.content(completed.error_file_id)).text.splitlines()
+        assert [json.loads(line)["custom_id"] for line in errors] == ["bad"]
+        assert (await client.files.content(uploaded.id)).content.startswith(b'{"custom_id"')
+
+        slow = await client.files.create(file=("slow.jsonl", chat_lines("slow", 10, 2000)),
+                                         purpose="batch")  # fmt: skip
+        cancelled = await client.batches.create(
+            input_file_id=slow.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        await batch_reaches(client, cancelled.id, "in_progress")
+        # two lines run (WORKER_MAX_BATCH), the others wait in the queue
+        await wait_for_entries(subscriber, f"{cancelled.id}:0", 2)
+        await root.script_flush()  # the gateway's write script: loaded by the gateway itself
+        assert (await client.batches.cancel(cancelled.id)).status in ("cancelling", "cancelled")
+        ended = await batch_reaches(client, cancelled.id, "cancelled")
+        assert ended.request_counts is not None
+        assert (ended.request_counts.completed, ended.request_counts.failed) == (0, 10)
+        untaken = cast(
+            list[tuple[str, dict[str, str]]],
+            await root.xrange(subscriber.key(f"{cancelled.id}:9")),
+        )
+        assert [fields["finish_reason"] for _, fields in untaken] == ["cancelled"]
+
+        listed = await client.batches.list(limit=10)
+        assert {batch.id, cancelled.id} <= {b.id for b in listed.data}
+        assert [f.id async for f in client.files.list()] == [slow.id, uploaded.id]
+        assert [f.id async for f in client.files.list(order="asc")] == [uploaded.id, slow.id]
+        for file_id in (uploaded.id, slow.id):
+            assert (await client.files.delete(file_id)).deleted
+        with pytest.raises(openai.NotFoundError):
+            await client.files.retrieve(uploaded.id)
+
+        stats = await root.info("errorstats")
+        assert "errorstat_NOPERM" not in stats, stats
+        # a script's refused call that it handled (pcall) counts only here
+        assert await root.acl_log() == []
+    finally:
+        print(gateway.log())  # shown when the test fails
+        await client.close()
+        await http.aclose()
+        await root.aclose()
+    for log in (gateway.log(), worker.log()):
+        for refusal in ("NOPERM", "ACCESS_REFUSED", "Traceback"):
+            assert refusal not in log, log
+
+
+async def sse_events(http: httpx.AsyncClient, request_id: str) -> list[tuple[str, dict[str, str]]]:
+    """`/v1/streams/{request_id}` as (entry id, fields) until the response ends."""
+    events: list[tuple[str, dict[str, str]]] = []
+    entry_id = ""
+    async with http.stream("GET", f"/v1/streams/{request_id}") as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("id:"):
+                entry_id = line[3:].strip()
+            elif line.startswith("data:"):
+                events.append((entry_id, json.loads(line[5:])))
+    return events
+
+
+async def test_the_gateway_is_refused_what_it_must_not_do(
+    granted: Granted, names: dict[str, str], spawn: Spawn
+) -> None:
+    """No key beyond its own, none of the usage counters, no delivery count, no command
+    beyond those named; on the broker no queue to consume, take from or
+    declare (but the passive declare that reads the queue's depth answers)."""
+    await spawn(**worker_urls(granted))  # the worker declares its queues
+    prefix = names["stream_prefix"]
+    stream = prefix + "r1"
+    root = aioredis.Redis(port=granted.redis_port, decode_responses=True)
+    await root.set("other-app:secret", "s3cret")
+    await root.xadd(stream, {"event": "token"})
+    as_gateway = aioredis.Redis.from_url(
+        granted.redis_url("trtllm-gateway"), decode_responses=True, **QUIET_HANDSHAKE
+    )
+    try:
+        for refused in (
+            as_gateway.get("other-app:secret"),
+            as_gateway.hincrby(prefix + "_usage:2026-01-01", "jobs:-", 1),
+            as_gateway.hgetall(prefix + "_usage:2026-01-01"),
+            as_gateway.set("{" + stream + "}:deliveries", "0"),
+            as_gateway.xrange("other-app:stream"),
+            as_gateway.eval("return 1", 0),
+            as_gateway.scan(),
+            as_gateway.keys("*"),
+            as_gateway.type(stream),
+            as_gateway.xtrim(stream, maxlen=0),
+            as_gateway.flushall(),
+            as_gateway.config_get("*"),
+            as_gateway.script_flush(),
+            as_gateway.publish("channel", "x"),
+            as_gateway.acl_list(),
+        ):
+            with pytest.raises(NoPermissionError):
+                await refused
+        # what it may do
+        assert await as_gateway.exists("{" + stream + "}:lease") == 0  # the fence
+        tail = cast(list[tuple[str, dict[str, str]]], await as_gateway.xrevrange(stream, count=1))
+        assert len(tail) == 1
+        assert await as_gateway.set("{" + stream + "}:cancel", "1", ex=60)
+        assert "errorstat_NOPERM" in await root.info("errorstats")  # the refusals counted
+    finally:
+        for client in (root, as_gateway):
+            await client.aclose()
+
+    connection = await aio_pika.connect(granted.amqp_url("trtllm-gateway"))
+    try:
+        depth = await (await connection.channel()).declare_queue(names["queue"], passive=True)
+        assert depth.declaration_result.message_count == 0
+        for attempt in (consume_jobs, declare_another_queue, take_dead_letters,
+                        declare_the_job_queue):  # fmt: skip
+            channel = await connection.channel()
+            with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                await attempt(channel, names["queue"])
+    finally:
+        await connection.close()
+
+
+async def declare_the_job_queue(channel: aio_pika.abc.AbstractChannel, queue: str) -> None:
+    await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "quorum"})
+
+
+def test_a_rabbitmqctl_that_hangs_is_killed_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in `rabbitmqctl` that starts a child and never answers: the call gives up
+    after its timeout, and neither the script nor its child is left running."""
+    child_pid = tmp_path / "child.pid"
+    stand_in = tmp_path / "rabbitmqctl"
+    stand_in.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child_pid}\nwait\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="rabbitmqctl status: no answer within 1s"):
+        run_rabbitmqctl("status", timeout_s=1)
+    assert time.monotonic() - started < 15
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 5
+    while _running(pid):
+        assert time.monotonic() < deadline, f"the stand-in's child {pid} still runs"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and waiting for its reaper, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -8,11 +8,13 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
+from typing import cast
 
 import aio_pika
 import pytest
 
 from tests.integration.conftest import (
+    Entry,
     Producer,
     Subscriber,
     WorkerFactory,
@@ -78,6 +80,19 @@ async def has_terminal(subscriber: Subscriber, request_id: str) -> bool:
     return any(e["event"] in ("done", "error") for e in await subscriber.entries(request_id))
 
 
+async def both_resumed(subscriber: Subscriber, batch: list[str], urgent: str) -> None:
+    """Until each batch job has a token after the urgent job's end: the paused one is back
+    in the engine (on a busy machine it may still be on its way back when the next urgent
+    job comes, which would find its slot free and pause nothing)."""
+    [(ended, _)] = cast(
+        list[tuple[str, Entry]], await subscriber.redis.xrevrange(subscriber.key(urgent), count=1)
+    )
+    async with asyncio.timeout(30):
+        for request_id in batch:
+            while not await xread(subscriber.redis, {subscriber.key(request_id): ended}, 1):
+                pass
+
+
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncounted(
     run_worker: WorkerFactory,
@@ -105,6 +120,7 @@ async def test_interactive_job_pauses_a_batch_job_which_resumes_whole_and_uncoun
             # it started while both batch jobs still ran: one of them made room
             assert not [b for b in batch if await has_terminal(subscriber, b)]
             assert_whole(await subscriber.read_until_terminal(urgent), 5)
+            await both_resumed(subscriber, batch, urgent)
         results = await subscriber.read_many(batch)
         paused = service.metrics.paused._value.get()
     assert paused == 3

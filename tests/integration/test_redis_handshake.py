@@ -116,7 +116,7 @@ async def test_the_sdk_sends_no_client_setinfo(
 
 
 @pytest.mark.parametrize(
-    ("wire", "names"),
+    ("wire", "expected"),
     [
         (b"*1\r\n$4\r\nPING\r\n", ["ping"]),
         (
@@ -125,5 +125,5 @@ async def test_the_sdk_sends_no_client_setinfo(
         ),
     ],
 )
-def test_the_recorder_reads_resp(wire: bytes, names: list[str]) -> None:
-    assert commands(wire) == names
+def test_the_recorder_reads_resp(wire: bytes, expected: list[str]) -> None:
+    assert commands(wire) == expected

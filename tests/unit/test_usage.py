@@ -135,4 +135,4 @@ def test_a_terminal_entry_carries_its_usage_and_batches_still_split_and_read_bac
     assert [key for key, _ in batch.per_stream()] == ["gen:a", "gen:b"]
     assert [one.entries() for _, one in batch.per_stream()] == [entries[:2], entries[2:]]
     uncounted = WriteBatch.of_entries(entries, {})
-    assert uncounted.calls[0][1][-5:] == ["", 0, "", 0, ""]
+    assert uncounted.calls[0][1][-7:-2] == ["", 0, "", 0, ""]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtllm_worker import __version__
+from trtllm_worker.app.batch_cli import add_batch_parser
 from trtllm_worker.config import Settings, load_settings
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.contract.exits import ExitCode, StartupError, exit_codes_help
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("serve", help="run the worker (the default)")
+    commands.add_parser(
+        "gateway",
+        help="serve OpenAI's API (chat, completions, files, batches) in front of the queue "
+        "on WORKER_GATEWAY_PORT",
+    )
 
     submit = commands.add_parser(
         "submit",
@@ -155,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     usage.add_argument("--tenant", metavar="T", help="only this tenant")
     usage.add_argument("--since", metavar="YYYY-MM-DD", help="only from this UTC day on")
+    add_batch_parser(commands)
     acl = commands.add_parser(
         "acl",
         help="print the Redis ACL rules and RabbitMQ permissions each role needs for these "
@@ -184,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(settings)
     if args.command == "acl":
         return _acl(settings, as_json=args.json)
+    if args.command == "gateway":
+        return _gateway(settings)
     return run_client_command(args, settings)
 
 
@@ -197,6 +206,24 @@ def _acl(settings: Settings, *, as_json: bool) -> int:
         return ExitCode.CONFIG
     sys.stdout.write(text)
     return ExitCode.OK
+
+
+def _gateway(settings: Settings) -> int:
+    try:
+        from trtllm_worker.gateway.server import serve
+    except ImportError as exc:
+        _error(f"the gateway needs the gateway extra (pip install 'trtllm-worker[gateway]'): {exc}")
+        return ExitCode.CONFIG
+    from trtllm_worker.app.service import event_loop_factory
+
+    setup_logging(settings.log_level, settings.log_format)
+    try:
+        return serve(settings, event_loop_factory(settings.event_loop))
+    except ConfigError as exc:
+        _error(str(exc))
+        return ExitCode.CONFIG
+    except KeyboardInterrupt:
+        return ExitCode.OK
 
 
 def _serve(settings: Settings) -> int:
@@ -220,6 +247,7 @@ def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     from trtllm_worker.client import ClientError, InvalidJobError, ServiceUnavailable
+    from trtllm_worker.client.batch_files import InvalidBatch
 
     if settings.log_level == "DEBUG":
         setup_logging(settings.log_level, settings.log_format)
@@ -228,7 +256,7 @@ def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         return asyncio.run(_client_command(args, settings))
-    except (ConfigError, InvalidJobError, UsageError) as exc:
+    except (ConfigError, InvalidJobError, UsageError, InvalidBatch) as exc:
         _error(str(exc))
         return ExitCode.CONFIG
     except ServiceUnavailable as exc:
@@ -385,6 +413,10 @@ async def _client_command(args: argparse.Namespace, settings: Settings) -> int:
             return await _migrate_queue(client)
         if args.command == "usage":
             return await _usage(client, args.tenant, parse_since(args.since))
+        if args.command == "batch":
+            from trtllm_worker.app.batch_cli import run_batch
+
+            return await run_batch(client, args, settings)
     raise UsageError(f"unknown command {args.command!r}")
 
 

@@ -148,6 +148,7 @@ class Service:
             compact_after_s=settings.stream_compact_after_s,
             prefix=settings.stream_prefix,
             usage_ttl_s=settings.usage_ttl_s,
+            model_name=settings.served_model_name,
         )
         if store.cluster:
             log.info("Redis Cluster at %s", redact_url(settings.redis_url))

@@ -4,6 +4,8 @@ job runner, engine or consumer is loaded, and no global state (logging, metrics)
 host application is touched."""
 
 from trtllm_worker.client.admin import DeadLetter
+from trtllm_worker.client.batch_files import InvalidBatch
+from trtllm_worker.client.batches import BatchConflict, BatchNotFound, BatchObject
 from trtllm_worker.client.sdk import (
     Client,
     ClientError,
@@ -12,6 +14,7 @@ from trtllm_worker.client.sdk import (
     Event,
     InvalidJobError,
     JobFailed,
+    QueueFull,
     QueueMissing,
     ServiceUnavailable,
     StreamFormatError,
@@ -24,14 +27,19 @@ from trtllm_worker.client.sdk import (
 )
 
 __all__ = [
+    "BatchConflict",
+    "BatchNotFound",
+    "BatchObject",
     "Client",
     "ClientError",
     "DeadLetter",
     "DoneEvent",
     "ErrorEvent",
     "Event",
+    "InvalidBatch",
     "InvalidJobError",
     "JobFailed",
+    "QueueFull",
     "QueueMissing",
     "ServiceUnavailable",
     "StreamFormatError",

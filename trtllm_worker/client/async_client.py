@@ -15,9 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Collection, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+)
 from collections.abc import Sequence as Seq
 from datetime import date
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict, TypeVar, Unpack, cast
 
@@ -34,10 +42,19 @@ from trtllm_worker.client.admin import (
     DeadLetter,
     read_dead_letter,
 )
+from trtllm_worker.client.batch_files import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINES
+from trtllm_worker.client.batches import (
+    DEFAULT_WINDOW,
+    Batches,
+    BatchObject,
+    Progress,
+)
 from trtllm_worker.client.cancel import broadcast_cancel, cancel_body
+from trtllm_worker.client.completions import TokenText
 from trtllm_worker.client.errors import (
     InvalidJobError,
     JobFailed,
+    QueueFull,
     QueueMissing,
     ServiceUnavailable,
     StreamFormatError,
@@ -140,6 +157,7 @@ class Client:
         self.queue = queue or defaults.queue
         self.stream_prefix = stream_prefix or defaults.stream_prefix
         self.stream_ttl_s = defaults.stream_ttl_s
+        self.batch_ttl_s = defaults.batch_ttl_s
         self.limits = (
             JobLimits(settings.max_new_tokens, settings.default_max_new_tokens)
             if settings is not None
@@ -158,6 +176,11 @@ class Client:
         self._channel: AbstractChannel | None = None
         self._cancel_exchange: aio_pika.abc.AbstractExchange | None = None
         self._lock = asyncio.Lock()
+        self._batches = Batches(self)
+
+    @property
+    def settings(self) -> Settings | None:
+        return self._settings
 
     @property
     def dead_queue(self) -> str:
@@ -245,7 +268,7 @@ class Client:
                 f"{redact_url(self.amqp_url)} (start a worker first: it declares the queue)"
             ) from None
         except aio_pika.exceptions.DeliveryError as exc:
-            raise ServiceUnavailable(f"{what}: the broker refused the message ({exc})") from None
+            raise QueueFull(f"{what}: the broker refused the message ({exc})") from None
         except TimeoutError:
             raise ServiceUnavailable(
                 f"{what}: no publisher confirm within {self.confirm_timeout_s:.0f}s"
@@ -300,6 +323,23 @@ class Client:
         )
         return request_id
 
+    async def queue_depth(self) -> int:
+        """How many jobs wait in the queue, ready to be taken (RabbitMQ's count: not
+        those a worker holds unacknowledged). `QueueMissing` if there is no queue."""
+        connection = await self._amqp()
+        channel = await connection.channel()  # a 404 closes its channel: not the publisher's
+        try:
+            queue = await channel.declare_queue(self.queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise QueueMissing(f"no queue named {self.queue!r} on the broker") from None
+        except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
+            raise ServiceUnavailable(f"the broker connection failed: {reason(exc)}") from None
+        finally:
+            if not channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+        return int(queue.declaration_result.message_count or 0)
+
     async def cancel(self, request_id: str) -> None:
         """Cancel a request: a running one stops within one engine step and ends `done`
         with `finish_reason` `cancelled`; one no worker has taken yet ends so when taken
@@ -332,6 +372,28 @@ class Client:
         Redis unreachable at the start: `ServiceUnavailable` at once. A connection lost
         later is retried with backoff for up to `reconnect_timeout_s`, resuming after the
         last entry seen: no entry is lost or repeated."""
+        async for entry_id, fields in self.entries(request_id, from_id):
+            event = parse_entry(entry_id, fields)
+            if event is not None:
+                yield event
+
+    async def ended_by(self, request_id: str, entry_id: str) -> bool:
+        """Whether the request's stream holds its terminal entry at or before `entry_id`
+        (a reader resuming after `entry_id` would get nothing more).
+        `ServiceUnavailable` when Redis does not answer."""
+        key = self.stream_key(request_id)
+        try:
+            return await _ended_by(await self._redis(), key, entry_id)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise ServiceUnavailable(
+                f"cannot connect to Redis at {redact_url(self.redis_url)}: {reason(exc)}"
+            ) from None
+
+    async def entries(
+        self, request_id: str, from_id: str = "0"
+    ) -> AsyncGenerator[tuple[str, dict[str, str]], None]:
+        """As `stream`, but each entry as Redis holds it: `(entry id, fields)`, entries of
+        unknown event types included; the iterator ends after the terminal entry."""
         key = self.stream_key(request_id)
         try:
             client = await self._redis()
@@ -364,14 +426,11 @@ class Client:
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 continue
             failing_since, delay = None, BACKOFF_INITIAL_S
-            for _, entries in cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply):
-                for entry_id, fields in entries:
+            for _, items in cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], reply):
+                for entry_id, fields in items:
                     last_id = entry_id
-                    event = parse_entry(entry_id, fields)
-                    if event is None:
-                        continue
-                    yield event
-                    if event.event in TERMINAL_EVENTS:
+                    yield entry_id, fields
+                    if fields.get("event") in TERMINAL_EVENTS:
                         return
 
     async def result(self, request_id: str) -> DoneEvent:
@@ -393,6 +452,103 @@ class Client:
         `generated_text`), or `JobFailed` with the error's code and message."""
         request_id = await self.submit(inputs, parameters, **options)
         return await self.result(request_id)
+
+    # -- batches ------------------------------------------------------------------------
+
+    async def submit_batch(
+        self,
+        path: str | Path,
+        *,
+        batch_id: str | None = None,
+        priority: int = 0,
+        completion_window: str = DEFAULT_WINDOW,
+        tenant: str | None = None,
+        max_lines: int = DEFAULT_MAX_LINES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        progress: Progress | None = None,
+        on_total: Callable[[int], None] | None = None,
+        on_created: Callable[[], None] | None = None,
+        input_file_id: str | None = None,
+    ) -> str:
+        """Run an OpenAI Batch input file: each valid line becomes one job (request id
+        `<batch id>:<line>`) at `priority`; returns the batch id. A file over `max_lines`
+        or `max_bytes` raises `InvalidBatch` before anything is published. Run again
+        with the same `batch_id` after an interruption, it publishes only the lines not
+        yet published (`BatchConflict` if the id belongs to another file). `on_total`
+        gets the file's line count once it is known, `progress` the lines handled,
+        `on_created` a call once the batch exists (`batch(id)` answers; before any line
+        is published). `input_file_id`: the Batch object's, if the file has an id (the
+        gateway's Files API); else `file-<batch id>`."""
+        return await self._batches.submit(
+            Path(path),
+            batch_id=batch_id,
+            priority=priority,
+            completion_window=completion_window,
+            tenant=tenant,
+            max_lines=max_lines,
+            max_bytes=max_bytes,
+            progress=progress,
+            on_total=on_total,
+            on_created=on_created,
+            input_file_id=input_file_id,
+        )
+
+    async def batch(self, batch_id: str) -> BatchObject:
+        """The batch as OpenAI's Batch object (`BatchNotFound` if there is none)."""
+        return await self._batches.status(batch_id)
+
+    def batch_results(
+        self, batch_id: str, token_text: TokenText | None = None
+    ) -> AsyncIterator[tuple[bool, bytes]]:
+        """The lines of the batch that have ended, in input order: `(True, line)` for
+        OpenAI's output file, `(False, line)` for its error file (JSON lines, bytes).
+        `token_text` names tokens in logprobs (default: the settings' tokenizer, as the
+        workers have it)."""
+        return self._batches.results(batch_id, token_text)
+
+    async def write_batch_results(
+        self,
+        batch_id: str,
+        output: str | Path,
+        errors: str | Path | None = None,
+        token_text: TokenText | None = None,
+    ) -> tuple[int, int]:
+        """Write the output file (and the error file, when `errors` is given); returns
+        how many lines each got. Each file is written whole, then moved into place."""
+        targets = [Path(output)] + ([Path(errors)] if errors is not None else [])
+        temps = [t.with_name(t.name + ".part") for t in targets]
+        counts = [0, 0]
+        files = [t.open("wb") for t in temps]
+        try:
+            async for ok, line in self.batch_results(batch_id, token_text):
+                counts[0 if ok else 1] += 1
+                if ok:
+                    files[0].write(line)
+                elif len(files) > 1:
+                    files[1].write(line)
+        finally:
+            for file in files:
+                file.close()
+        for temp, target in zip(temps, targets, strict=True):
+            temp.replace(target)
+        return counts[0], counts[1]
+
+    async def cancel_batch(self, batch_id: str) -> BatchObject:
+        """Cancel the batch: lines not yet ended end as errors `batch_cancelled` (running
+        jobs stop within an engine step, queued ones end as they are taken)."""
+        return await self._batches.cancel(batch_id)
+
+    async def list_batches(self, limit: int = 100) -> list[BatchObject]:
+        """The newest batches of this deployment first, as Batch objects."""
+        return await self._batches.list_batches(limit)
+
+    async def wait_batch(
+        self, batch_id: str, *, poll_s: float = 1.0, progress: Progress | None = None
+    ) -> BatchObject:
+        """Wait until the batch ends (completed, failed, expired or cancelled). Redis
+        lost after the first poll is polled on for up to `reconnect_timeout_s`, then
+        `ServiceUnavailable`."""
+        return await self._batches.wait(batch_id, poll_s=poll_s, progress=progress)
 
     # -- operating ----------------------------------------------------------------------
 

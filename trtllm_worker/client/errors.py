@@ -36,5 +36,11 @@ class QueueMissing(ServiceUnavailable):
     """The job queue does not exist: no worker has declared it yet."""
 
 
+class QueueFull(ServiceUnavailable):
+    """The broker refused the job (a negative publisher confirm: a queue at its
+    `x-max-length` with `reject-publish`, or a broker in memory or disk alarm). Nothing
+    was queued; try again later."""
+
+
 class StreamFormatError(ClientError):
     """A stream entry does not have the fields the contract gives its event."""

@@ -8,11 +8,15 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable, Collection, Coroutine, Iterator, Mapping
 from collections.abc import Sequence as Seq
 from datetime import date
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
 from trtllm_worker.client.admin import DeadLetter
 from trtllm_worker.client.async_client import Client, ClientOptions
+from trtllm_worker.client.batch_files import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINES
+from trtllm_worker.client.batches import DEFAULT_WINDOW, BatchObject, Progress
+from trtllm_worker.client.completions import TokenText
 from trtllm_worker.client.events import DoneEvent, Event
 from trtllm_worker.client.jobs import JobOptions
 from trtllm_worker.client.usage import Usage
@@ -109,6 +113,66 @@ class SyncClient:
     def requeue_dead_letters(self, request_ids: Collection[str] | None = None) -> list[DeadLetter]:
         """`Client.requeue_dead_letters`."""
         return self._run(lambda client: client.requeue_dead_letters(request_ids))
+
+    def submit_batch(
+        self,
+        path: str | Path,
+        *,
+        batch_id: str | None = None,
+        priority: int = 0,
+        completion_window: str = DEFAULT_WINDOW,
+        tenant: str | None = None,
+        max_lines: int = DEFAULT_MAX_LINES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        progress: Progress | None = None,
+        on_total: Callable[[int], None] | None = None,
+    ) -> str:
+        """`Client.submit_batch`."""
+        return self._run(
+            lambda client: client.submit_batch(
+                path,
+                batch_id=batch_id,
+                priority=priority,
+                completion_window=completion_window,
+                tenant=tenant,
+                max_lines=max_lines,
+                max_bytes=max_bytes,
+                progress=progress,
+                on_total=on_total,
+            )
+        )
+
+    def batch(self, batch_id: str) -> BatchObject:
+        """`Client.batch`."""
+        return self._run(lambda client: client.batch(batch_id))
+
+    def write_batch_results(
+        self,
+        batch_id: str,
+        output: str | Path,
+        errors: str | Path | None = None,
+        token_text: TokenText | None = None,
+    ) -> tuple[int, int]:
+        """`Client.write_batch_results`."""
+        return self._run(
+            lambda client: client.write_batch_results(batch_id, output, errors, token_text)
+        )
+
+    def cancel_batch(self, batch_id: str) -> BatchObject:
+        """`Client.cancel_batch`."""
+        return self._run(lambda client: client.cancel_batch(batch_id))
+
+    def list_batches(self, limit: int = 100) -> list[BatchObject]:
+        """`Client.list_batches`."""
+        return self._run(lambda client: client.list_batches(limit))
+
+    def wait_batch(
+        self, batch_id: str, *, poll_s: float = 1.0, progress: Progress | None = None
+    ) -> BatchObject:
+        """`Client.wait_batch`."""
+        return self._run(
+            lambda client: client.wait_batch(batch_id, poll_s=poll_s, progress=progress)
+        )
 
     def stream(self, request_id: str, from_id: str = "0") -> Iterator[Event]:
         """`Client.stream`, as a blocking iterator."""

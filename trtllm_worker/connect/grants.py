@@ -3,8 +3,10 @@ current settings (queue name, stream prefix), and nothing more. `trtllm-worker a
 prints them; the tests run every role under exactly these grants.
 
 Roles: `trtllm-worker` (the worker), `trtllm-subscriber` (reads streams), `trtllm-admin`
-(the CLI's cancel, dead-letter and requeue commands) in Redis; `trtllm-worker`,
-`trtllm-producer` (publishes jobs and cancels) and `trtllm-admin` in RabbitMQ."""
+(the CLI's cancel, dead-letter, requeue and batch commands) in Redis; `trtllm-worker`,
+`trtllm-producer` (publishes jobs and cancels) and `trtllm-admin` in RabbitMQ;
+`trtllm-gateway` (`trtllm-worker gateway`: answers, streams, cancels, Files and Batches)
+in both."""
 
 from __future__ import annotations
 
@@ -19,11 +21,12 @@ from trtllm_worker.contract.queues import CANCEL_QUEUE_ID_HEX
 PASSWORD = "PASSWORD"
 """The placeholder an operator replaces (`>PASSWORD` in the rules)."""
 
-WORKER, SUBSCRIBER, ADMIN, PRODUCER = (
+WORKER, SUBSCRIBER, ADMIN, PRODUCER, GATEWAY = (
     "trtllm-worker",
     "trtllm-subscriber",
     "trtllm-admin",
     "trtllm-producer",
+    "trtllm-gateway",
 )
 
 CONNECTION_COMMANDS = (
@@ -64,12 +67,68 @@ SUBSCRIBER_COMMANDS = ("+xread", "+xrange", "+xrevrange", "+xlen")
 
 ADMIN_COMMANDS = (
     *SUBSCRIBER_COMMANDS,
-    "+set",  # cancel: the cancel mark
+    "+set",  # cancel: the cancel mark; batch submit: each line's pending marker (NX)
     "+eval",  # requeue: the reset script
     "+type",
     "+del",
     "+scan",  # usage: the day's counter keys
     "+hgetall",
+    # batches (client/batches.py): the batch's hash (submit, status, finalize), its
+    # refused lines (HLEN), its per-slot counters (HMGET), the index `batch list` reads
+    # and prunes, and each line's record (GET); every key's expiry
+    "+hset",
+    "+hsetnx",
+    "+hlen",
+    "+hmget",
+    "+zadd",
+    "+zrevrange",
+    "+zrem",
+    "+get",
+    "+expire",
+    # batch cancel and expiry end untaken lines with the worker's fenced write script
+    # (EVALSHA, loaded on NOSCRIPT); what that script calls beyond the commands above
+    "+evalsha",
+    "+script|load",
+    "+xadd",
+    "+exists",
+    "+hincrby",
+)
+
+GATEWAY_COMMANDS = (
+    # an answer and `/v1/streams`: reading the job's stream, and whether it ended at or
+    # before a reconnecting client's Last-Event-ID (its last entry)
+    "+xread",
+    "+xrevrange",
+    # a client gone before its answer ended: the cancel mark (the SDK's cancel)
+    "+set",
+    # Files (gateway/files.py): an upload's hash and its chunks (a list), read back,
+    # deleted, kept WORKER_BATCH_TTL_S
+    "+hset",
+    "+hgetall",
+    "+rpush",
+    "+llen",
+    "+lrange",
+    "+del",
+    "+expire",
+    # Batches (client/batches.py, as for trtllm-admin): the batch's hash, its refused
+    # lines, its counters, its index; each line's pending marker and record; the
+    # publishing lease (SET NX, SET, DEL)
+    "+hsetnx",
+    "+hlen",
+    "+hmget",
+    "+zadd",
+    "+zrevrange",
+    "+zrem",
+    "+get",
+    # a batch's cancel and its expiry (any `GET /v1/batches/{id}` may find it due) end
+    # the lines no worker took with the worker's fenced write script (EVALSHA, loaded on
+    # NOSCRIPT); what that script calls there beyond the commands above
+    "+evalsha",
+    "+script|load",
+    "+xadd",
+    "+xlen",
+    "+exists",
+    "+hincrby",
 )
 
 
@@ -90,6 +149,30 @@ def _keys(prefix: str, *, read_only: bool = False) -> tuple[str, ...]:
     if read_only:
         return (streams,)
     return (streams, f"~{{{_glob(prefix)}*}}:*")
+
+
+REQUEST_ID_FIRST = "[A-Za-z0-9]"
+"""A request id's first character (contract/job.py) as a glob: a stream key is the prefix
+and a request id, never `_` (the batches' and the usage counters' keys) nor `{`."""
+
+
+def _gateway_keys(prefix: str) -> tuple[str, ...]:
+    """The gateway's keys, narrower than `_keys`: streams, the files' and batches' keys,
+    and of the side keys the cancel mark, the batch line and the lease; never the usage
+    counters or a delivery count. The write script only asks whether a worker holds the
+    lease (its fence), but a script's declared keys need read and write access (ACL):
+    the lease cannot be read-only."""
+    p = _glob(prefix)
+    return (
+        f"~{p}{REQUEST_ID_FIRST}*",  # streams: read; a batch line's end (cancel, expiry)
+        f"~{p}_file:*",  # uploaded files: P_file:F, P_file:F:data
+        f"~{p}_batch:*",  # P_batch:B and its :invalid, :counts…, :submitter
+        f"~{p}_batches",  # the index of batches
+        f"~{p}_gateway:*",  # each gateway process's wake stream (gateway/reader.py)
+        f"~{{{p}*}}:cancel",
+        f"~{{{p}*}}:batch",
+        f"~{{{p}*}}:lease",
+    )
 
 
 @dataclass(frozen=True)
@@ -124,6 +207,7 @@ def redis_rules(settings: Settings) -> dict[str, list[str]]:
         SUBSCRIBER: [*base, *_keys(prefix, read_only=True), *CONNECTION_COMMANDS,
                      *SUBSCRIBER_COMMANDS],
         ADMIN: [*base, *_keys(prefix), *CONNECTION_COMMANDS, *ADMIN_COMMANDS],
+        GATEWAY: [*base, *_gateway_keys(prefix), *CONNECTION_COMMANDS, *GATEWAY_COMMANDS],
     }  # fmt: skip
 
 
@@ -152,6 +236,14 @@ def rabbitmq_permissions(settings: Settings) -> dict[str, Permissions]:
             # requeues dead letters to the job queue, cancels
             write=_either(DEFAULT_EXCHANGE, cancel),
             read=_either(dead),  # lists and takes dead letters
+        ),
+        GATEWAY: Permissions(
+            # the queue's depth (WORKER_GATEWAY_MAX_QUEUED) is a passive queue.declare,
+            # which RabbitMQ checks against no permission; the cancel exchange is
+            # published to, never declared (the workers declare it)
+            configure=NOTHING,
+            write=_either(DEFAULT_EXCHANGE, cancel),  # jobs and batch lines, cancels
+            read=NOTHING,
         ),
     }
 

@@ -30,6 +30,12 @@ def stream_key(prefix: str, request_id: str) -> str:
     return prefix + request_id
 
 
+def wake_key(prefix: str, reader_id: str) -> str:
+    """A gateway process's wake stream: an entry added there returns its stream reader's
+    blocked XREAD, so that it reads a stream that joined meanwhile (gateway/reader.py)."""
+    return f"{prefix}_gateway:{reader_id}:wake"
+
+
 def lease_key(key: str) -> str:
     """The request's lease. Side keys are named `{<stream key>}:<suffix>`: the braces put
     them in the stream's hash slot, so one script may touch them together on a cluster."""

@@ -227,8 +227,11 @@ class OutputProcessor:
     is being written: it is still in hand (a hand-back reaches it), no longer in the
     engine."""
 
-    def __init__(self, *, cluster: bool = False, usage: UsageKeys | None = None) -> None:
+    def __init__(
+        self, *, cluster: bool = False, usage: UsageKeys | None = None, model: str = ""
+    ) -> None:
         self._usage = usage
+        self._model = model
         """Where terminal entries count their job's usage (None: not counted)."""
         self._in_hand: dict[str, RequestState] = {}
         """Every registered request, by request id."""
@@ -277,7 +280,9 @@ class OutputProcessor:
     def process(self, outputs: Sequence[EngineOutput]) -> ProcessedBatch:
         """Turn outputs into writes. Outputs of requests no longer registered (stopped,
         handed back) are dropped: an engine may deliver a step after an abort."""
-        batch = ProcessedBatch(WriteBatch(cluster=self._cluster, usage=self._usage))
+        batch = ProcessedBatch(
+            WriteBatch(cluster=self._cluster, usage=self._usage, model=self._model)
+        )
         write = batch.write
         states = self._states
         for output in outputs:

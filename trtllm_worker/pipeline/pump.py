@@ -78,7 +78,9 @@ class OutputPump:
         self._metrics = metrics
         self._looper = looper
         self._inbox = inbox
-        self._processor = OutputProcessor(cluster=store.cluster, usage=store.usage)
+        self._processor = OutputProcessor(
+            cluster=store.cluster, usage=store.usage, model=store.model_name
+        )
         self._last_tokens_at: float | None = None  # while requests run
         self._background: set[asyncio.Task[None]] = set()
         self._ending: frozenset[str] = frozenset()

@@ -108,8 +108,12 @@ class StreamStore:
         compact_after_s: float | None = None,
         prefix: str | None = None,
         usage_ttl_s: int = 7_776_000,
+        model_name: str = "",
     ) -> None:
         self.client = client
+        self.model_name = model_name
+        """The model's public name, recorded with a terminal entry that ends a batch
+        line."""
         self.compact_after_s = compact_after_s
         """Set: that long after a stream ends, `compact` trims it (a timer in this
         process: a worker that stops first leaves the stream whole until its TTL)."""
@@ -266,7 +270,7 @@ class StreamStore:
         tokens `fields` give (an error entry gives none: the job never reached the
         engine). Raises
         `StreamUnusable` when the key is not a stream."""
-        batch = WriteBatch(usage=self.usage)
+        batch = WriteBatch(usage=self.usage, model=self.model_name)
         args = batch.begin((key, lease_key(key)), 0, lease, 1)
         batch.end(args, seq_id, fields, tenant, int(fields.get("input_tokens", 0)), adapter)
         keys, values = batch.calls[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
@@ -26,6 +27,10 @@ PER_TOKEN = 8
 WITH_TOP = 4
 WITH_LOGPROBS = 2
 WITH_END = 1
+
+END_VALUES = len(NOT_COUNTED) + 2
+"""Values after a terminal entry's fields: its usage, then its batch line's model and
+clock (`write.lua`)."""
 
 AFTER_TAIL = ""
 """The id of a terminal entry whose index is not known: after whatever the stream holds."""
@@ -47,12 +52,17 @@ class WriteBatch:
     names). Grouped per hash slot (one group on a single node): a call may declare keys
     of one slot only, and the store sends a cluster's groups one call per node."""
 
-    __slots__ = ("_cluster", "_code_at", "_key", "_usage", "calls", "ended")
+    __slots__ = ("_cluster", "_code_at", "_key", "_model", "_usage", "calls", "ended")
 
-    def __init__(self, *, cluster: bool = False, usage: UsageKeys | None = None) -> None:
+    def __init__(
+        self, *, cluster: bool = False, usage: UsageKeys | None = None, model: str = ""
+    ) -> None:
         self._cluster = cluster
         self._usage = usage
         """Where terminal entries count their job's usage (None: not counted)."""
+        self._model = model
+        """The model's public name, for the record of a terminal entry that ends a batch
+        line (`contract/batches.py`)."""
         self.calls: dict[int, tuple[list[Any], list[Any]]] = {}
         """Per hash slot (0 on a single node): the call's KEYS and its parts' values
         (`StreamStore.write` sends them as one MessagePack array after the TTL)."""
@@ -129,6 +139,7 @@ class WriteBatch:
             args += NOT_COUNTED
         else:
             args += self._usage.values(self._key, tenant, input_tokens, adapter)
+        args += (self._model, int(time.time() * 1000))
 
     def per_stream(self) -> list[tuple[str, WriteBatch]]:
         """The batch as one batch per stream (its parts in order), to write the streams
@@ -142,10 +153,12 @@ class WriteBatch:
                 columns = 2 + bool(code & WITH_LOGPROBS) + bool(code & WITH_TOP)
                 end = a + 3 + columns * count
                 if code & WITH_END:
-                    end += 2 + 2 * int(args[end + 1]) + len(NOT_COUNTED)
+                    end += 2 + 2 * int(args[end + 1]) + END_VALUES
                 one = streams.get(keys[k])
                 if one is None:
-                    one = streams[keys[k]] = WriteBatch(cluster=self._cluster, usage=self._usage)
+                    one = streams[keys[k]] = WriteBatch(
+                        cluster=self._cluster, usage=self._usage, model=self._model
+                    )
                 call = one.calls.setdefault(slot, ([], []))
                 call[0].extend(keys[k : k + 2])
                 call[1].extend(args[a:end])
@@ -183,7 +196,7 @@ class WriteBatch:
                     seq_id, nfields = args[a], int(args[a + 1])
                     flat = args[a + 2 : a + 2 + 2 * nfields]
                     stored.append((key, seq_id, dict(zip(flat[::2], flat[1::2], strict=True))))
-                    a += 2 + 2 * nfields + len(NOT_COUNTED)
+                    a += 2 + 2 * nfields + END_VALUES
         return stored
 
     @classmethod

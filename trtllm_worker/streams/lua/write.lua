@@ -10,7 +10,8 @@
 -- as JSON text, '' for none), then (the terminal entry) its id ('': after
 -- the tail, unless the stream has ended already), the number of fields, field, value, ...,
 -- then its usage: the usage key ('': not counted), its TTL, the tenant, the input tokens,
--- the LoRA adapter ('': none).
+-- the LoRA adapter ('': none); then, for a batch line's record, the model's public name
+-- and the writer's clock in milliseconds.
 -- Token entry k (from 0) gets id 0-<seq + k> and index seq + k - 1.
 --
 -- Returns per part the entries written, -1 when the fence refused (the lease is
@@ -76,10 +77,59 @@ local function count(usage, id, tenant, input_tokens, usage_ttl, adapter)
   redis.call('EXPIRE', usage, usage_ttl)
 end
 
+-- A batch line's record (contract/batches.py): a stream whose side key `{<stream>}:batch`
+-- holds a pending marker (JSON: state, custom_id, counts, ttl, keep_until, logprobs) is a
+-- line of a batch; the terminal entry just stored replaces the marker with the line's record (the
+-- entry, the model, the time, and when `logprobs` is set its token entries' ids, texts
+-- and logprobs), and the line counts once in its batch's counters, `ok` or `err` (and
+-- `cancelled` or `expired` for an `err` line cancelled or ended by its deadline). A side
+-- key that is not a pending marker is left alone. The record and the counters live `ttl`
+-- seconds, and at least until `keep_until` (Unix seconds: the batch's window end plus
+-- `ttl`), so a line that ends early outlives a batch that runs longer than `ttl`; the
+-- batch's end then keeps every key `ttl` from then (client/batches.py).
+local function record(stream, fields, model, now)
+  local key = '{' .. stream .. '}:batch'
+  local raw = redis.pcall('GET', key)
+  if type(raw) ~= 'string' then return end
+  local decoded, line = pcall(cjson.decode, raw)
+  if not decoded or type(line) ~= 'table' or line.state ~= 'pending' then return end
+  local entry = {}
+  for i = 1, #fields, 2 do entry[fields[i]] = fields[i + 1] end
+  local ok = entry.event == 'done' and entry.finish_reason ~= 'cancelled'
+    and entry.finish_reason ~= 'deadline'
+  local out = {state = 'ended', ok = ok, t = now, model = model, custom_id = line.custom_id,
+    entry = entry}
+  if ok and line.logprobs == true then
+    local tokens = {}
+    for _, e in ipairs(redis.call('XRANGE', stream, '-', '+')) do
+      local f, t = e[2], {}
+      for i = 1, #f, 2 do t[f[i]] = f[i + 1] end
+      if t.event == 'token' then
+        tokens[#tokens + 1] = {tonumber(t.token_id), t.text, t.logprob or '',
+          t.top_logprobs or ''}
+      end
+    end
+    out.tokens = tokens
+  end
+  local keep = line.ttl
+  if type(line.keep_until) == 'number' and type(now) == 'number' then
+    keep = math.max(keep, line.keep_until - math.floor(now / 1000))
+  end
+  redis.call('SET', key, cjson.encode(out), 'EX', keep)
+  redis.call('HINCRBY', line.counts, ok and 'ok' or 'err', 1)
+  if entry.finish_reason == 'cancelled' then
+    redis.call('HINCRBY', line.counts, 'cancelled', 1)
+  elseif entry.finish_reason == 'deadline' or entry.code == 'deadline_exceeded' then
+    redis.call('HINCRBY', line.counts, 'expired', 1)
+  end
+  redis.call('EXPIRE', line.counts, keep)
+end
+
 -- The one place a stream ends: its terminal entry, its expiry, its lease released, its
--- job's usage counted (`usage`: key, TTL, tenant, input tokens, adapter). A stream found ended
--- already, or a terminal entry an earlier try stored, counts nothing.
-local function end_stream(stream, lease, token, id, fields, usage)
+-- job's usage counted (`usage`: key, TTL, tenant, input tokens, adapter), its batch line
+-- recorded (`line`: model, clock). A stream found ended already, or a terminal entry an
+-- earlier try stored, counts and records nothing.
+local function end_stream(stream, lease, token, id, fields, usage, line)
   if id == '' then
     local tail = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
     if tail.err then return refused(tail.err) end
@@ -97,7 +147,10 @@ local function end_stream(stream, lease, token, id, fields, usage)
   if type(result) == 'string' then return result end
   redis.call('EXPIRE', stream, ttl)
   if token ~= '' then redis.call('DEL', lease) end
-  if result == 1 then count(usage[1], id, usage[3], tonumber(usage[4]), usage[2], usage[5]) end
+  if result == 1 then
+    count(usage[1], id, usage[3], tonumber(usage[4]), usage[2], usage[5])
+    record(stream, fields, line[1], line[2])
+  end
   return result
 end
 
@@ -114,7 +167,7 @@ for s = 1, #K, 2 do
   local tops = texts + (with_logprobs and 2 or 1) * count
   local after = tops + (with_top and 1 or 0) * count
   local nfields = has_end and tonumber(argv[after + 1]) or 0
-  a = has_end and after + 2 + nfields * 2 + 5 or after
+  a = has_end and after + 2 + nfields * 2 + 7 or after
   local first = nil
   if count > 0 then
     first = seq
@@ -156,7 +209,8 @@ for s = 1, #K, 2 do
       for k = 1, nfields * 2 do fields[k] = argv[after + 1 + k] end
       local u = after + 2 + nfields * 2
       local usage = {argv[u], argv[u + 1], argv[u + 2], argv[u + 3], argv[u + 4]}
-      local ended = end_stream(stream, lease, token, argv[after], fields, usage)
+      local line = {argv[u + 5], argv[u + 6]}
+      local ended = end_stream(stream, lease, token, argv[after], fields, usage, line)
       if type(ended) == 'string' then result = ended else result = result + ended end
     end
   end
