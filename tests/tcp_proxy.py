@@ -1,6 +1,8 @@
 """A TCP proxy in front of a real service that a test can cut: its connections are
 closed and new ones are accepted and closed at once (counted), as a lost network path
-looks to a client. Nothing of the service is faked."""
+looks to a client. It can also close its open connections at the next bytes each one
+sends, new ones passing, as a server that drops an idle connection just as the client
+uses it looks. Nothing of the service is faked."""
 
 from __future__ import annotations
 
@@ -16,12 +18,29 @@ class CuttableProxy:
         self.connections = 0
         self.refused = 0
         """Connections accepted and closed at once after the cut."""
+        self.dropped = 0
+        """Connections closed at their next command by `drop_at_next_command`."""
         self._cut = False
         self._writers: list[asyncio.StreamWriter] = []
+        self._clients: list[asyncio.StreamWriter] = []
+        """The client's side of each connection made."""
+        self._doomed: set[asyncio.StreamWriter] = set()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: asyncio.StreamWriter | None = None,
+    ) -> None:
+        """Copy `reader` to `writer`; `client` is the client's side when `reader` reads
+        what the client sends (the only direction `drop_at_next_command` watches)."""
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
+                if client is not None and client in self._doomed:
+                    self._doomed.discard(client)
+                    self.dropped += 1
+                    client.close()
+                    break
                 writer.write(data)
                 await writer.drain()
         writer.close()
@@ -33,6 +52,7 @@ class CuttableProxy:
             return
         self.connections += 1
         self._writers.append(writer)
+        self._clients.append(writer)
         upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         if self._cut:  # cut while this connection was being made: it goes too
             upstream_writer.close()
@@ -40,8 +60,14 @@ class CuttableProxy:
             return
         self._writers.append(upstream_writer)
         await asyncio.gather(
-            self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer)
+            self._pipe(reader, upstream_writer, client=writer),
+            self._pipe(upstream_reader, writer),
         )
+
+    def drop_at_next_command(self) -> None:
+        """Close each connection open now when its client next sends anything (what it
+        sent never reaches the service); connections made from now on pass."""
+        self._doomed = {writer for writer in self._clients if not writer.is_closing()}
 
     async def cut(self) -> None:
         """Close every connection through the proxy; refuse new ones from now on."""

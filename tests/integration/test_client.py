@@ -16,6 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.integration.conftest import Producer, Subscriber, WorkerFactory, terminal
+from tests.services import ServiceUrls
+from tests.tcp_proxy import proxied
 from trtllm_worker.client import (
     Client,
     DeadLetter,
@@ -244,6 +246,30 @@ async def test_stream_resumes_after_its_connection_is_killed(
     tokens, done = check_stream(events)
     assert done.generated_tokens == 60
     assert "".join(t.text for t in tokens) == ("abcdefg" * 9)[:60]
+
+
+async def test_a_stream_on_a_connection_redis_drops_as_it_is_taken_reads_on(
+    run_worker: WorkerFactory,
+    make_settings: Callable[..., Settings],
+    services: ServiceUrls,
+    subscriber: Subscriber,  # removes the test's keys afterwards
+    amqp_channel: aio_pika.abc.AbstractChannel,  # deletes the test's queues afterwards
+) -> None:
+    """Redis (or a proxy before it) closes an idle pooled connection just as a new stream
+    takes it: the SDK tries a fresh connection before it reports Redis lost. It once
+    raised `ServiceUnavailable` at the first command (its Redis client has no retry of
+    its own)."""
+    async with (
+        proxied(services.redis) as (redis_url, proxy),
+        Client(make_settings(), redis_url=redis_url) as client,
+        run_worker(),
+    ):
+        first = await collect(client, await client.submit("again", {"max_new_tokens": 8}))
+        proxy.drop_at_next_command()
+        second = await collect(client, await client.submit("again", {"max_new_tokens": 8}))
+    assert proxy.dropped == 1, "the stream's first command went over a dropped connection"
+    _, done = check_stream(second)
+    assert done.generated_text == check_stream(first)[1].generated_text
 
 
 async def test_stream_from_an_entry_id_skips_unknown_events(

@@ -30,6 +30,7 @@ from tests.integration.test_gateway import done_entry, first_running
 from tests.services import ServiceUrls
 from tests.tcp_proxy import proxied
 from trtllm_worker.client import Client
+from trtllm_worker.client.async_client import SOCKET_TIMEOUT_S
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.batches import batch_key
 
@@ -221,3 +222,42 @@ async def test_redis_lost_before_a_whole_answer_is_503_and_cancels_the_job(
         done = await done_entry(subscriber, request_id)
     assert done["finish_reason"] == "cancelled"
     assert int(done["generated_tokens"]) < 400
+
+
+@pytest.mark.parametrize("reader", ["idle", "blocked"])
+async def test_a_redis_connection_dropped_as_it_is_taken_does_not_fail_an_answer(
+    reader: str, run_worker: WorkerFactory, run_gateway: GatewayFactory, services: ServiceUrls
+) -> None:
+    """Redis (or a proxy before it) closes the gateway's pooled connections just as the
+    next answer takes one: the gateway tries a fresh connection before it gives up. The
+    next answer either finds the shared reader idle (it asks Redis first: that once
+    answered 503 at once) or blocked on other streams for a minute (it wakes the reader:
+    that once failed silently, and the answer came only when the blocked XREAD's socket
+    timed out)."""
+    async with (
+        proxied(services.redis) as (redis_url, proxy),
+        run_worker(),
+        run_gateway(model_name=MODEL, redis_url=redis_url) as gateway,
+        openai.AsyncOpenAI(base_url=gateway.base_url, api_key="x", max_retries=0) as client,
+    ):
+        hub = gateway.app.state.gateway.reader
+        if reader == "blocked":
+            hub.client.xread_block_ms = 60_000
+        body: dict[str, Any] = {"model": MODEL, "prompt": "again", "max_tokens": 8}
+        first = await client.completions.create(**body)
+        if reader == "idle":
+
+            async def idle() -> bool:
+                return not hub.reading
+
+            await wait_until(idle)
+        else:
+            assert hub.reading, "the reader blocks on the first answer's ended stream"
+            await hub.client.answering_redis()  # a connection left idle in the pool
+        proxy.drop_at_next_command()
+        # an unwoken reader would read the new stream only after its socket timeout
+        async with asyncio.timeout(SOCKET_TIMEOUT_S * 0.8):
+            second = await client.completions.create(**body)
+    assert proxy.dropped >= 1, "the answer's first command went over a dropped connection"
+    assert second.choices[0].text == first.choices[0].text
+    assert second.choices[0].finish_reason == "length"

@@ -232,6 +232,24 @@ class Client:
                 )
             return self._redis_client
 
+    async def answering_redis(self) -> AnyRedis:
+        """The Redis client after a PING it answered. A pooled connection the server
+        closed just as it was taken (an idle timeout, a failover) fails its first
+        command without any retry (`retry=False`): one more PING on a fresh connection
+        tells a lost connection from a lost Redis, so only the latter is reported.
+        `ServiceUnavailable` when Redis does not answer."""
+        try:
+            client = await self._redis()
+            try:
+                await client.ping()
+            except (RedisConnectionError, OSError):
+                await client.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise ServiceUnavailable(
+                f"cannot connect to Redis at {redact_url(self.redis_url)}: {reason(exc)}"
+            ) from None
+        return client
+
     # -- AMQP plumbing ------------------------------------------------------------------
 
     async def _amqp(self) -> AbstractConnection:
@@ -395,9 +413,8 @@ class Client:
         """As `stream`, but each entry as Redis holds it: `(entry id, fields)`, entries of
         unknown event types included; the iterator ends after the terminal entry."""
         key = self.stream_key(request_id)
+        client = await self.answering_redis()
         try:
-            client = await self._redis()
-            await client.ping()
             if from_id != "0" and await _ended_by(client, key, from_id):
                 return
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:

@@ -165,8 +165,7 @@ class Gateway:
     async def readyz(self, request: Request) -> Response:
         """Ready when Redis answers and the broker connection is open."""
         try:
-            redis = await self.client._redis()
-            await redis.ping()
+            await self.client.answering_redis()
             await self.client._amqp()
         except Exception as exc:
             return PlainTextResponse(f"not ready: {exc}\n", status_code=503)

@@ -73,6 +73,11 @@ class StreamHub:
         self._failing_since: float | None = None
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def reading(self) -> bool:
+        """Whether the reader's task runs (it ends soon after the last answer does)."""
+        return self._task is not None and not self._task.done()
+
     async def stream(self, request_id: str, from_id: str = "0") -> AsyncGenerator[Event, None]:
         """As `Client.stream`: the request's events, from this process's one reader."""
         entries = self.entries(request_id, from_id)
@@ -93,7 +98,7 @@ class StreamHub:
             async for entry in self.client.entries(request_id, from_id):
                 yield entry
             return
-        if await self._ended_already(redis, request_id, from_id):
+        if await self._ended_already(request_id, from_id):
             return
         reader = _Reader(key, id_key(from_id), from_id)
         self._readers.setdefault(key, []).append(reader)
@@ -114,7 +119,7 @@ class StreamHub:
             if not readers:
                 self._readers.pop(key, None)
 
-    async def _ended_already(self, redis: AnyRedis, request_id: str, from_id: str) -> bool:
+    async def _ended_already(self, request_id: str, from_id: str) -> bool:
         """Whether the stream ended at or before `from_id`; `ServiceUnavailable` at once
         when Redis does not answer."""
         if self._failing_since is not None:
@@ -122,10 +127,7 @@ class StreamHub:
         if self._task is None or self._task.done():
             # the first reader asks whether Redis answers; later ones know it from the
             # reader's last XREAD (no round trip per answer)
-            try:
-                await redis.ping()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                raise ServiceUnavailable(f"Redis does not answer: {exc}") from None
+            await self.client.answering_redis()
         return from_id != "0" and await self.client.ended_by(request_id, from_id)
 
     async def _redis(self) -> AnyRedis:
@@ -141,13 +143,22 @@ class StreamHub:
         if self._woken:
             return  # the XREAD in flight returns already
         self._woken = True
-        try:
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.xadd(self.wake_key, {"w": "1"}, maxlen=1, approximate=False)
-                pipe.expire(self.wake_key, WAKE_TTL_S)
-                await pipe.execute()
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            pass  # the reader is failing over already; it reads the new stream when back
+        # a second try goes over a fresh connection: the pooled one may have been closed
+        # just as it was taken, and an unwoken reader would make this answer wait out
+        # the XREAD's block
+        for _ in range(2):
+            try:
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.xadd(self.wake_key, {"w": "1"}, maxlen=1, approximate=False)
+                    pipe.expire(self.wake_key, WAKE_TTL_S)
+                    await pipe.execute()
+                return
+            except (RedisConnectionError, OSError):
+                continue
+            except RedisTimeoutError:
+                break
+        # Redis is lost: the reader is failing over already and reads the new stream
+        # when it is back
 
     async def _run(self, redis: AnyRedis) -> None:
         """Read every open stream until none is left."""
