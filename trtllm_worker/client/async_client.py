@@ -80,7 +80,12 @@ from trtllm_worker.contract.queues import (
     cancel_exchange_name,
     dead_queue_name,
 )
-from trtllm_worker.contract.stream import TERMINAL_EVENTS, deliveries_key, stream_key
+from trtllm_worker.contract.stream import (
+    TERMINAL_EVENTS,
+    deliveries_key,
+    entry_order,
+    stream_key,
+)
 from trtllm_worker.streams.store import mark_cancelled
 
 XREAD_BLOCK_MS = 2000
@@ -111,23 +116,15 @@ async def _ended_by(client: AnyRedis, key: str, from_id: str) -> bool:
     """Whether the stream's last entry is its terminal entry, at or before `from_id`:
     nothing will ever follow `from_id` (the terminal entry is always the last). A
     malformed `from_id` is left to XREAD to refuse."""
-    after = _id_key(from_id)
+    after = entry_order(from_id)
     if after is None:
         return False
     last = cast(list[tuple[str, dict[str, str]]], await client.xrevrange(key, count=1))
     if not last:
         return False
     last_id, fields = last[0]
-    ended = _id_key(last_id)
+    ended = entry_order(last_id)
     return fields.get("event") in TERMINAL_EVENTS and ended is not None and ended <= after
-
-
-def _id_key(entry_id: str) -> tuple[int, int] | None:
-    """A stream entry id (`ms-seq`, or `ms` alone: seq 0) as a comparable pair."""
-    ms, _, seq = entry_id.partition("-")
-    if not ms.isdigit() or not (seq or "0").isdigit():
-        return None
-    return int(ms), int(seq or 0)
 
 
 class Client:

@@ -3,6 +3,7 @@ fields of each entry. Producers, subscribers and the worker all stand on this mo
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Final
 
@@ -56,6 +57,19 @@ def entry_id(seq: int) -> str:
     """Stream entry ids are `0-<seq>`, seq = index + 1 for tokens and one more for the
     terminal entry: Redis then refuses to store any index twice or out of order."""
     return f"0-{seq}"
+
+
+_ENTRY_ID = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+def entry_order(entry_id: str) -> tuple[int, int] | None:
+    """A stream entry id (`ms-seq`, or `ms` alone: seq 0) as a pair that sorts as Redis
+    orders entries; None when it is not an entry id."""
+    found = _ENTRY_ID.fullmatch(entry_id)
+    if found is None:
+        return None
+    ms, seq = found.groups()
+    return int(ms), int(seq or 0)
 
 
 def error_fields(code: str, message: str) -> Fields:

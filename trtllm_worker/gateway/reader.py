@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from trtllm_worker.client import Client, ServiceUnavailable
 from trtllm_worker.client.events import Event, parse_entry
 from trtllm_worker.connect.redis import AnyRedis
-from trtllm_worker.contract.stream import TERMINAL_EVENTS, wake_key
+from trtllm_worker.contract.stream import TERMINAL_EVENTS, entry_order, wake_key
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,11 @@ BACKOFF_MAX_S = 2.0
 
 
 def id_key(entry_id: str) -> tuple[int, int]:
-    """A stream entry id (`ms-seq`, or `0`) as a comparable pair."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    """An entry id Redis gave, or one the routes checked, in Redis's order."""
+    order = entry_order(entry_id)
+    if order is None:
+        raise ValueError(f"{entry_id!r} is not a stream entry id")
+    return order
 
 
 @dataclass(eq=False)
