@@ -65,54 +65,16 @@ WORKER_COMMANDS = (
 
 SUBSCRIBER_COMMANDS = ("+xread", "+xrange", "+xrevrange", "+xlen")
 
-ADMIN_COMMANDS = (
-    *SUBSCRIBER_COMMANDS,
-    "+set",  # cancel: the cancel mark; batch submit: each line's pending marker (NX)
-    "+eval",  # requeue: the reset script
-    "+type",
-    "+del",
-    "+scan",  # usage: the day's counter keys
-    "+hgetall",
-    # batches (client/batches.py): the batch's hash (submit, status, finalize), its
-    # refused lines (HLEN), its per-slot counters (HMGET), the index `batch list` reads
-    # and prunes, and each line's record (GET); every key's expiry
-    "+hset",
-    "+hsetnx",
-    "+hlen",
-    "+hmget",
-    "+zadd",
-    "+zrevrange",
-    "+zrem",
-    "+get",
-    "+expire",
-    # batch cancel and expiry end untaken lines with the worker's fenced write script
-    # (EVALSHA, loaded on NOSCRIPT); what that script calls beyond the commands above
-    "+evalsha",
-    "+script|load",
-    "+xadd",
-    "+exists",
-    "+hincrby",
-)
-
-GATEWAY_COMMANDS = (
-    # an answer and `/v1/streams`: reading the job's stream, and whether it ended at or
-    # before a reconnecting client's Last-Event-ID (its last entry)
-    "+xread",
-    "+xrevrange",
-    # a client gone before its answer ended: the cancel mark (the SDK's cancel)
+BATCH_COMMANDS = (
+    # batches (client/batches.py), for `trtllm-worker batch` and the gateway's Batches
+    # API alike: the batch's hash (submit, status, finalize), its refused lines (HLEN),
+    # its per-slot counters (HMGET), the index `batch list` reads and prunes, each line's
+    # pending marker (SET NX) and record (GET), the publishing lease (SET NX, SET, DEL);
+    # every key's expiry
     "+set",
-    # Files (gateway/files.py): an upload's hash and its chunks (a list), read back,
-    # deleted, kept WORKER_BATCH_TTL_S
-    "+hset",
-    "+hgetall",
-    "+rpush",
-    "+llen",
-    "+lrange",
     "+del",
-    "+expire",
-    # Batches (client/batches.py, as for trtllm-admin): the batch's hash, its refused
-    # lines, its counters, its index; each line's pending marker and record; the
-    # publishing lease (SET NX, SET, DEL)
+    "+hgetall",
+    "+hset",
     "+hsetnx",
     "+hlen",
     "+hmget",
@@ -120,15 +82,44 @@ GATEWAY_COMMANDS = (
     "+zrevrange",
     "+zrem",
     "+get",
-    # a batch's cancel and its expiry (any `GET /v1/batches/{id}` may find it due) end
-    # the lines no worker took with the worker's fenced write script (EVALSHA, loaded on
-    # NOSCRIPT); what that script calls there beyond the commands above
+    "+expire",
+    # a batch's cancel and its expiry (any status read may find it due) end the lines no
+    # worker took with the worker's fenced write script (EVALSHA, loaded on NOSCRIPT);
+    # what that script calls there beyond the commands above
     "+evalsha",
     "+script|load",
     "+xadd",
     "+xlen",
     "+exists",
     "+hincrby",
+)
+
+ADMIN_COMMANDS = tuple(  # each command once: the subscriber's XLEN is a batch one too
+    dict.fromkeys(
+        (
+            *SUBSCRIBER_COMMANDS,
+            # cancel: the cancel mark (SET); requeue: the reset script; usage: the
+            # day's counter keys (SCAN, HGETALL); housekeeping of keys (TYPE, DEL)
+            "+eval",
+            "+type",
+            "+scan",
+            *BATCH_COMMANDS,
+        )
+    )
+)
+
+GATEWAY_COMMANDS = (
+    # an answer and `/v1/streams`: reading the job's stream, and whether it ended at or
+    # before a reconnecting client's Last-Event-ID (its last entry); a client gone
+    # before its answer ended: the cancel mark (the SDK's cancel, SET)
+    "+xread",
+    "+xrevrange",
+    # Files (gateway/files.py): an upload's hash and its chunks (a list), read back,
+    # deleted, kept WORKER_BATCH_TTL_S (HSET, HGETALL, DEL, EXPIRE: below)
+    "+rpush",
+    "+llen",
+    "+lrange",
+    *BATCH_COMMANDS,
 )
 
 
