@@ -569,7 +569,8 @@ async def test_hundreds_of_answers_at_once_share_a_few_redis_connections(
 ) -> None:
     """150 streamed answers open at once, each whole and exact, while the gateway holds a
     handful of Redis connections (with a blocked XREAD per answer it held one each: past
-    redis-py's pool of 100, the next answer got a 503)."""
+    redis-py's pool of 100, the next answer got a 503; with a PING per answer arriving
+    before the shared reader ran, 9 to 13)."""
     answers = 150
     async with (
         run_worker(model_name=MODEL, echo_step_ms=20, max_batch=answers),
@@ -606,7 +607,7 @@ async def _answer_many(
     for request_id, text in texts:
         assert text == (await done_entry(subscriber, request_id))["generated_text"]
     assert len({request_id for request_id, _ in texts}) == answers
-    assert 1 <= most <= 8, f"{most} Redis connections for {answers} answers"
+    assert 1 <= most <= 5, f"{most} Redis connections for {answers} answers"
 
 
 async def test_an_answer_joining_an_idle_reader_does_not_wait_out_its_block(

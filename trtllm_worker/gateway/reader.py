@@ -74,6 +74,7 @@ class StreamHub:
         self._woken = False
         self._failing_since: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._asking: asyncio.Future[AnyRedis] | None = None
 
     @property
     def reading(self) -> bool:
@@ -128,9 +129,19 @@ class StreamHub:
             raise ServiceUnavailable("Redis does not answer: the stream reader is reconnecting")
         if self._task is None or self._task.done():
             # the first reader asks whether Redis answers; later ones know it from the
-            # reader's last XREAD (no round trip per answer)
-            await self.client.answering_redis()
+            # reader's last XREAD (no round trip per answer), and those that come while
+            # it asks share its question (a connection each made a burst of answers
+            # take a pool's worth)
+            if self._asking is None:
+                self._asking = asyncio.ensure_future(self.client.answering_redis())
+                self._asking.add_done_callback(self._asked)
+            await asyncio.shield(self._asking)
         return from_id != "0" and await self.client.ended_by(request_id, from_id)
+
+    def _asked(self, asking: asyncio.Future[AnyRedis]) -> None:
+        self._asking = None
+        if not asking.cancelled():
+            asking.exception()  # retrieved: every reader that asked got it already
 
     async def _redis(self) -> AnyRedis:
         try:
