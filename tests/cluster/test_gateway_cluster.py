@@ -1,11 +1,13 @@
-"""The gateway on a real local Redis Cluster (three masters): an answer read from a stream
-on whichever master holds it, and an uploaded file whose record, chunks and index live in
+"""The gateway on a real local Redis Cluster (three masters): ready (its grants probe runs
+on keys in several slots), an answer read from a stream on whichever master holds it,
+and an uploaded file whose record, chunks and index live in
 different hash slots: uploaded, listed, read back and deleted."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from redis.asyncio.cluster import RedisCluster
@@ -33,6 +35,9 @@ async def test_the_gateway_answers_and_keeps_files_on_a_cluster(
         run_worker(redis_url=redis_cluster.url, model_name=MODEL, echo_step_ms=0),
         run_gateway(redis_url=redis_cluster.url, model_name=MODEL) as gateway,
     ):
+        async with httpx.AsyncClient(base_url=gateway.url) as http:
+            ready = await http.get("/readyz")
+        assert ready.text == "ready\n"
         client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="none", max_retries=0)
         try:
             answer = await client.completions.create(model=MODEL, prompt="abcdef", max_tokens=4)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,7 +41,9 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_faults import assert_exact, wait_for_entries
 from tests.services import ServiceUrls
+from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import QUIET_HANDSHAKE
+from trtllm_worker.gateway.app import create_app
 
 ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin", "trtllm-gateway")
 ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin", "trtllm-gateway")
@@ -960,3 +962,41 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_missing_gateway_grant_is_one_line_and_the_gateway_exits_69(
+    granted: Granted,
+    names: dict[str, str],
+    spawn_gateway: SpawnGateway,
+    make_settings: Callable[..., Settings],
+) -> None:
+    """Two commands and one key pattern taken from trtllm-gateway: the gateway names the
+    commands at start and exits 69 (as the worker does), instead of answering 500 when a
+    request first needs one (a batch's cancel may come days later); `/readyz` names them
+    too (a gateway that found Redis away at start probes there)."""
+    prefix = names["stream_prefix"]
+    rules = list(granted.grants["redis"]["trtllm-gateway"])
+    fewer = [r for r in rules if r not in ("+rpush", "+hsetnx")]
+    granted.set_redis_user("trtllm-gateway", fewer)
+    gateway = await spawn_gateway(ready=False, **SERVED, **gateway_urls(granted))
+    assert await asyncio.wait_for(gateway.process.wait(), 60) == 69, gateway.log()
+    line = (
+        f"Redis user 'trtllm-gateway' may not run RPUSH, HSETNX on keys under {prefix!r} "
+        "(ACL): grant what `trtllm-worker acl` prints for trtllm-gateway"
+    )
+    assert f"trtllm-worker: {line}" in gateway.log().splitlines(), gateway.log()
+    assert "Traceback" not in gateway.log()
+
+    cancel_marks = next(r for r in rules if r.endswith("}:cancel"))
+    granted.set_redis_user("trtllm-gateway", [r for r in rules if r != cancel_marks])
+    app = create_app(make_settings(**{k.removeprefix("WORKER_").lower(): v
+                                      for k, v in gateway_urls(granted).items()}))  # fmt: skip
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            ready = await http.get("/readyz")
+    finally:
+        await app.state.gateway.aclose()
+    assert ready.status_code == 503
+    # every command the probe ran on a cancel mark is refused there
+    assert ready.text == f"not ready: {line.replace('RPUSH, HSETNX', 'SET, EXPIRE, DEL')}\n"

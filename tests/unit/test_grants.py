@@ -9,6 +9,7 @@ from pathlib import Path
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.grants import (
     GATEWAY,
+    GATEWAY_COMMANDS,
     as_json,
     as_text,
     rabbitmq_permissions,
@@ -33,6 +34,7 @@ from trtllm_worker.contract.stream import (
     stream_key,
     wake_key,
 )
+from trtllm_worker.gateway.grants import PROBED
 from trtllm_worker.streams.usage import usage_key
 
 SECURITY_PAGE = Path(__file__).parents[2] / "docs" / "security.md"
@@ -182,3 +184,10 @@ def test_acl_prints_the_gateway_in_both() -> None:
         "write": r"^(amq\.default|generate\.cancel)$",
         "read": "^$",
     }
+
+
+def test_the_gateway_probes_every_command_it_is_granted() -> None:
+    """The start-time probe runs each command of `GATEWAY_COMMANDS`, no other: a command
+    added to the gateway is probed, or this fails."""
+    granted = {rule.removeprefix("+").replace("|", " ").upper() for rule in GATEWAY_COMMANDS}
+    assert set(PROBED) == granted

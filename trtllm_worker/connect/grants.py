@@ -287,12 +287,13 @@ def redis_user(url: str) -> str:
     return unquote(username) if username else "default"
 
 
-def redis_refusal(settings: Settings, refused: list[str]) -> str:
-    """One line naming what the worker's Redis user may not do."""
+def redis_refusal(settings: Settings, refused: list[str], role: str = WORKER) -> str:
+    """One line naming what the Redis user of `role` (the worker's, the gateway's) may
+    not do."""
     return (
         f"Redis user {redis_user(settings.redis_url)!r} may not run {', '.join(refused)}"
         f" on keys under {settings.stream_prefix!r} (ACL): grant what"
-        " `trtllm-worker acl` prints for trtllm-worker"
+        f" `trtllm-worker acl` prints for {role}"
     )
 
 

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -19,15 +21,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from trtllm_worker.client import Client
+from trtllm_worker.client import Client, ServiceUnavailable
 from trtllm_worker.client.batches import settings_token_text
 from trtllm_worker.config import Settings
+from trtllm_worker.connect.grants import GATEWAY, redis_refusal
 from trtllm_worker.contract.openai import CHAT_COMPLETIONS, COMPLETIONS
 from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.gateway import answers, streams
 from trtllm_worker.gateway.admission import Admission
 from trtllm_worker.gateway.errors import APIError, not_found, unauthorized
 from trtllm_worker.gateway.files import FilesAndBatches
+from trtllm_worker.gateway.grants import refused_commands
 from trtllm_worker.gateway.keys import Caller, KeyRing
 from trtllm_worker.gateway.metrics import GatewayMetrics
 from trtllm_worker.gateway.reader import StreamHub
@@ -60,6 +64,23 @@ class Gateway:
         )
         below_interactive = min(settings.preempt_priority - 1, MAX_PRIORITY)
         self.files = FilesAndBatches(self.client, max(below_interactive, 0))
+        self.grants_held = False
+        """Whether the grants probe found every command allowed (asked once)."""
+
+    async def grants_refusal(self) -> str | None:
+        """One line naming the commands the gateway's Redis user may not run, or None;
+        `ServiceUnavailable` when Redis does not answer. Probed until it passes once."""
+        if self.grants_held:
+            return None
+        redis = await self.client.answering_redis()
+        try:
+            refused = await refused_commands(redis, self.settings.stream_prefix)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise ServiceUnavailable(f"Redis does not answer: {exc}") from None
+        if refused:
+            return redis_refusal(self.settings, refused, GATEWAY)
+        self.grants_held = True
+        return None
 
     async def aclose(self) -> None:
         await self.files.close()
@@ -163,12 +184,16 @@ class Gateway:
         return PlainTextResponse("ok\n")
 
     async def readyz(self, request: Request) -> Response:
-        """Ready when Redis answers and the broker connection is open."""
+        """Ready when Redis answers, its user holds the gateway's grants and the broker
+        connection is open."""
         try:
             await self.client.answering_redis()
+            refusal = await self.grants_refusal()
             await self.client._amqp()
         except Exception as exc:
             return PlainTextResponse(f"not ready: {exc}\n", status_code=503)
+        if refusal is not None:
+            return PlainTextResponse(f"not ready: {refusal}\n", status_code=503)
         return PlainTextResponse("ready\n")
 
     async def metrics_page(self, request: Request) -> Response:

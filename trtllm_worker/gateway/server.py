@@ -13,10 +13,11 @@ from collections.abc import Callable
 
 import uvicorn
 
+from trtllm_worker.client import ServiceUnavailable
 from trtllm_worker.config import Settings
 from trtllm_worker.contract.errors import ConfigError
 from trtllm_worker.contract.exits import ExitCode
-from trtllm_worker.gateway.app import create_app
+from trtllm_worker.gateway.app import Gateway, create_app
 from trtllm_worker.gateway.keys import Caller, KeyRing
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,22 @@ def serve(
     port = sock.getsockname()[1]
     host = settings.gateway_host
 
-    async def run() -> None:
+    gateway: Gateway = app.state.gateway
+
+    async def run() -> ExitCode:
+        try:
+            refusal = await gateway.grants_refusal()
+        except ServiceUnavailable as exc:
+            log.warning("%s: /readyz answers 503 until it does", exc)
+        else:
+            if refusal is not None:  # a configuration error: the worker exits on it too
+                print(f"trtllm-worker: {refusal}", file=sys.stderr, flush=True)
+                await gateway.aclose()
+                sock.close()
+                return ExitCode.UNAVAILABLE
         log.info(READY_LINE.format(model=settings.served_model_name, host=host, port=port))
         await server.serve(sockets=[sock])
+        return ExitCode.OK
 
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(run())
-    return ExitCode.OK
+        return runner.run(run())
