@@ -44,6 +44,7 @@ from tests.services import ServiceUrls
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.redis import QUIET_HANDSHAKE
 from trtllm_worker.gateway.app import create_app
+from trtllm_worker.gateway.grants import PROBE_ID
 
 ROLES_REDIS = ("trtllm-worker", "trtllm-subscriber", "trtllm-admin", "trtllm-gateway")
 ROLES_RABBITMQ = ("trtllm-worker", "trtllm-producer", "trtllm-admin", "trtllm-gateway")
@@ -998,5 +999,12 @@ async def test_a_missing_gateway_grant_is_one_line_and_the_gateway_exits_69(
     finally:
         await app.state.gateway.aclose()
     assert ready.status_code == 503
-    # every command the probe ran on a cancel mark is refused there
-    assert ready.text == f"not ready: {line.replace('RPUSH, HSETNX', 'SET, EXPIRE, DEL')}\n"
+    # the commands that remove keys are probed first (were they refused, a probe would
+    # leave its keys behind): there the pattern's loss shows
+    assert ready.text == f"not ready: {line.replace('RPUSH, HSETNX', 'EXPIRE, DEL')}\n"
+    root = aioredis.Redis(port=granted.redis_port)
+    try:
+        left = [key async for key in root.scan_iter(match=f"*{PROBE_ID}*")]
+    finally:
+        await root.aclose()
+    assert left == [], "the probes left keys behind"

@@ -127,6 +127,18 @@ async def _ended_by(client: AnyRedis, key: str, from_id: str) -> bool:
     return fields.get("event") in TERMINAL_EVENTS and ended is not None and ended <= after
 
 
+async def ping_fresh(client: AnyRedis) -> None:
+    """PING; once more when the connection fails. A pooled connection the server closed
+    just as it was taken (an idle timeout, a failover) fails its first command, and this
+    client does not retry by itself (`retry=False`): the second PING goes over a fresh
+    connection and tells a lost connection from a lost Redis. Raises the error of the
+    second."""
+    try:
+        await client.ping()
+    except (RedisConnectionError, OSError):
+        await client.ping()
+
+
 class Client:
     """Producer, subscriber and operator calls against one worker deployment.
 
@@ -230,17 +242,12 @@ class Client:
             return self._redis_client
 
     async def answering_redis(self) -> AnyRedis:
-        """The Redis client after a PING it answered. A pooled connection the server
-        closed just as it was taken (an idle timeout, a failover) fails its first
-        command without any retry (`retry=False`): one more PING on a fresh connection
-        tells a lost connection from a lost Redis, so only the latter is reported.
-        `ServiceUnavailable` when Redis does not answer."""
+        """The Redis client after it answered a PING (`ping_fresh`: a connection dropped
+        as it was taken is not reported). `ServiceUnavailable` when Redis does not
+        answer."""
         try:
             client = await self._redis()
-            try:
-                await client.ping()
-            except (RedisConnectionError, OSError):
-                await client.ping()
+            await ping_fresh(client)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise ServiceUnavailable(
                 f"cannot connect to Redis at {redact_url(self.redis_url)}: {reason(exc)}"
@@ -398,7 +405,11 @@ class Client:
         `ServiceUnavailable` when Redis does not answer."""
         key = self.stream_key(request_id)
         try:
-            return await _ended_by(await self._redis(), key, entry_id)
+            client = await self._redis()
+            try:
+                return await _ended_by(client, key, entry_id)
+            except (RedisConnectionError, OSError):  # a read: once more, as `ping_fresh`
+                return await _ended_by(client, key, entry_id)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise ServiceUnavailable(
                 f"cannot connect to Redis at {redact_url(self.redis_url)}: {reason(exc)}"

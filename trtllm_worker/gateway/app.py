@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,7 +30,7 @@ from trtllm_worker.contract.openai import CHAT_COMPLETIONS, COMPLETIONS
 from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.gateway import answers, streams
 from trtllm_worker.gateway.admission import Admission
-from trtllm_worker.gateway.errors import APIError, not_found, unauthorized
+from trtllm_worker.gateway.errors import APIError, not_found, unauthorized, unavailable
 from trtllm_worker.gateway.files import FilesAndBatches
 from trtllm_worker.gateway.grants import refused_commands
 from trtllm_worker.gateway.keys import Caller, KeyRing
@@ -75,7 +76,7 @@ class Gateway:
         redis = await self.client.answering_redis()
         try:
             refused = await refused_commands(redis, self.settings.stream_prefix)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisError, OSError) as exc:  # lost, or in a state (loading, busy)
             raise ServiceUnavailable(f"Redis does not answer: {exc}") from None
         if refused:
             return redis_refusal(self.settings, refused, GATEWAY)
@@ -117,6 +118,12 @@ class Gateway:
                 response = await handler(request, self.caller(request))
             except APIError as exc:
                 response = exc.response()
+            except ServiceUnavailable as exc:
+                response = unavailable(str(exc)).response()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # Redis lost in the middle of a route (files, batches): 503, which the
+                # SDKs retry, not a 500
+                response = unavailable(f"Redis does not answer: {exc}").response()
             self.metrics.requests.labels(name, str(response.status_code)).inc()
             return response
 

@@ -26,13 +26,16 @@ from trtllm_worker.contract.batches import (
 from trtllm_worker.contract.stream import cancel_key, lease_key, stream_key, wake_key
 
 PROBE_ID = "trtllm-gateway-acl-probe"
+Call = tuple[str, Callable[[Any], Any]]
 PROBE_TTL_S = 10
 NOOP_SCRIPT = "return 0"
 
 
-def _calls(prefix: str, probe: str) -> list[tuple[str, Callable[[Any], Any]]]:
+def _calls(prefix: str, probe: str) -> tuple[list[Call], list[Call]]:
     """(command name, its call on a pipeline) for each command of `GATEWAY_COMMANDS`,
-    on the keys the gateway runs it on."""
+    on the keys the gateway runs it on: first those that remove keys (run while the
+    keys do not exist: the writes after them run only when both are allowed, so a probe
+    never leaves a key behind), then the others."""
     stream = stream_key(prefix, probe)
     wake = wake_key(prefix, probe)
     files = file_key(prefix, probe)
@@ -41,7 +44,10 @@ def _calls(prefix: str, probe: str) -> list[tuple[str, Callable[[Any], Any]]]:
     counts = counts_key(prefix, probe)
     line = line_key(stream)
     mark = cancel_key(stream)
-    return [
+    written = (wake, mark, files, chunks, batch, counts)
+    # key by key: on a Redis Cluster the keys lie in different slots
+    removing = [_expire(key) for key in written] + [_delete(key) for key in written]
+    others: list[Call] = [
         ("XADD", lambda p: p.xadd(wake, {"probe": "1"}, maxlen=1, approximate=False)),
         ("XREAD", lambda p: p.xread({stream: "0"}, count=1)),
         ("XREVRANGE", lambda p: p.xrevrange(stream, count=1)),
@@ -62,22 +68,33 @@ def _calls(prefix: str, probe: str) -> list[tuple[str, Callable[[Any], Any]]]:
         ("ZADD", lambda p: p.zadd(index_key(prefix), {probe: 0}, xx=True)),
         ("ZREVRANGE", lambda p: p.zrevrange(file_index_key(prefix), 0, 0)),
         ("ZREM", lambda p: p.zrem(index_key(prefix), probe)),
-        # key by key: on a Redis Cluster the keys lie in different slots
-        *[("EXPIRE", _expire(key)) for key in (wake, mark, files, chunks, batch, counts)],
-        *[("DEL", _delete(key)) for key in (wake, mark, files, chunks, batch, counts)],
     ]
+    return removing, [*others, *removing]
 
 
-def _expire(key: str) -> Callable[[Any], Any]:
-    return lambda p: p.expire(key, PROBE_TTL_S)
+def _expire(key: str) -> Call:
+    return "EXPIRE", lambda p: p.expire(key, PROBE_TTL_S)
 
 
-def _delete(key: str) -> Callable[[Any], Any]:
-    return lambda p: p.delete(key)
+def _delete(key: str) -> Call:
+    return "DEL", lambda p: p.delete(key)
 
 
-PROBED = tuple(dict.fromkeys([name for name, _ in _calls("p:", "x")] + ["SCRIPT LOAD", "EVALSHA"]))
+PROBED = tuple(
+    dict.fromkeys(["SCRIPT LOAD", "EVALSHA", *(name for name, _ in _calls("p:", "x")[1])])
+)
 """The commands the probe runs (a test holds them to `GATEWAY_COMMANDS`)."""
+
+
+async def _refused(redis: AnyRedis, calls: list[Call]) -> list[str]:
+    """The names of `calls` refused by ACL (other errors, as a full Redis's, are not
+    the grants' to report: the worker's probe ignores them too)."""
+    pipe = redis.pipeline(transaction=False)
+    for _, call in calls:
+        call(pipe)
+    replies = await pipe.execute(raise_on_error=False)
+    return [name for (name, _), reply in zip(calls, replies, strict=True)
+            if isinstance(reply, NoPermissionError)]  # fmt: skip
 
 
 async def refused_commands(redis: AnyRedis, prefix: str) -> list[str]:
@@ -87,21 +104,13 @@ async def refused_commands(redis: AnyRedis, prefix: str) -> list[str]:
     refused: list[str] = []
     try:
         sha = await redis.script_load(NOOP_SCRIPT)
-    except NoPermissionError:
-        refused.append("SCRIPT LOAD")
-    else:
-        try:
-            await redis.evalsha(sha, 0)
-        except NoPermissionError:
-            refused.append("EVALSHA")
-    calls = _calls(prefix, f"{PROBE_ID}-{uuid.uuid4().hex[:12]}")
-    pipe = redis.pipeline(transaction=False)
-    for _, call in calls:
-        call(pipe)
-    replies = await pipe.execute(raise_on_error=False)
-    for (name, _), reply in zip(calls, replies, strict=True):
-        if isinstance(reply, NoPermissionError) and name not in refused:
-            refused.append(name)
-        elif isinstance(reply, ResponseError) and not isinstance(reply, NoPermissionError):
-            raise reply
+        await redis.evalsha(sha, 0)
+    except NoPermissionError as exc:
+        refused.append("EVALSHA" if "evalsha" in str(exc).lower() else "SCRIPT LOAD")
+    except ResponseError:
+        pass  # not a refusal
+    removing, everything = _calls(prefix, f"{PROBE_ID}-{uuid.uuid4().hex[:12]}")
+    first = await _refused(redis, removing)
+    names = first or await _refused(redis, everything)
+    refused += [name for name in dict.fromkeys(names) if name not in refused]
     return refused

@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from trtllm_worker.client import Client, ServiceUnavailable
+from trtllm_worker.client.async_client import ping_fresh
 from trtllm_worker.client.events import Event, parse_entry
 from trtllm_worker.connect.redis import AnyRedis
 from trtllm_worker.contract.stream import TERMINAL_EVENTS, entry_order, wake_key
@@ -74,7 +75,7 @@ class StreamHub:
         self._woken = False
         self._failing_since: float | None = None
         self._task: asyncio.Task[None] | None = None
-        self._asking: asyncio.Future[AnyRedis] | None = None
+        self._asking: asyncio.Future[None] | None = None
 
     @property
     def reading(self) -> bool:
@@ -133,12 +134,20 @@ class StreamHub:
             # it asks share its question (a connection each made a burst of answers
             # take a pool's worth)
             if self._asking is None:
-                self._asking = asyncio.ensure_future(self.client.answering_redis())
+                self._asking = asyncio.ensure_future(self._ask())
                 self._asking.add_done_callback(self._asked)
             await asyncio.shield(self._asking)
         return from_id != "0" and await self.client.ended_by(request_id, from_id)
 
-    def _asked(self, asking: asyncio.Future[AnyRedis]) -> None:
+    async def _ask(self) -> None:
+        """Whether Redis answers; `ServiceUnavailable` naming no address (its text
+        reaches API clients in a 503) when not."""
+        try:
+            await ping_fresh(await self.client._redis())
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise ServiceUnavailable(f"Redis does not answer: {exc}") from None
+
+    def _asked(self, asking: asyncio.Future[None]) -> None:
         self._asking = None
         if not asking.cancelled():
             asking.exception()  # retrieved: every reader that asked got it already
