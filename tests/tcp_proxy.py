@@ -25,6 +25,7 @@ class CuttableProxy:
         self._clients: list[asyncio.StreamWriter] = []
         """The client's side of each connection made."""
         self._doomed: set[asyncio.StreamWriter] = set()
+        self._doom_new = 0
 
     async def _pipe(
         self,
@@ -53,6 +54,9 @@ class CuttableProxy:
         self.connections += 1
         self._writers.append(writer)
         self._clients.append(writer)
+        if self._doom_new > 0:
+            self._doom_new -= 1
+            self._doomed.add(writer)
         upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         if self._cut:  # cut while this connection was being made: it goes too
             upstream_writer.close()
@@ -63,6 +67,11 @@ class CuttableProxy:
             self._pipe(reader, upstream_writer, client=writer),
             self._pipe(upstream_reader, writer),
         )
+
+    def drop_new_connections(self, count: int) -> None:
+        """Close each of the next `count` connections made at its first command, as
+        `drop_at_next_command` does to those open now."""
+        self._doom_new = count
 
     def drop_at_next_command(self) -> None:
         """Close each connection open now when its client next sends anything (what it

@@ -272,6 +272,21 @@ async def test_a_stream_on_a_connection_redis_drops_as_it_is_taken_reads_on(
     assert done.generated_text == check_stream(first)[1].generated_text
 
 
+async def test_a_first_redis_connection_dropped_as_it_is_made_is_made_again(
+    make_settings: Callable[..., Settings], services: ServiceUrls
+) -> None:
+    """The client's very first connection to Redis is dropped at its first command (a
+    proxy or a server restarting just then): a second one is made before Redis is
+    reported lost. It once raised `ServiceUnavailable` at once (the gateway's first
+    answer got a 503)."""
+    async with proxied(services.redis) as (redis_url, proxy):
+        proxy.drop_new_connections(1)
+        async with Client(make_settings(), redis_url=redis_url) as client:
+            await client.answering_redis()
+    assert proxy.dropped == 1, "the first connection was not dropped"
+    assert proxy.connections >= 2
+
+
 async def test_stream_from_an_entry_id_skips_unknown_events(
     client: Client, redis_client: aioredis.Redis, names: dict[str, str]
 ) -> None:

@@ -211,6 +211,12 @@ async def test_redis_lost_before_a_whole_answer_is_503_and_cancels_the_job(
         body = {"model": MODEL, "prompt": "a long answer " * 20, "max_tokens": 400}
         post = asyncio.create_task(http.post("/completions", json=body))
         request_id = await first_running(subscriber)
+        hub = gateway.app.state.gateway.reader
+
+        async def reading() -> bool:  # cut under the XREAD, not under the first PING
+            return bool(hub.reading)
+
+        await wait_until(reading)
         await proxy.cut()
         response = await post
         assert response.status_code == 503, response.text

@@ -231,15 +231,23 @@ class Client:
         connection error when Redis does not answer."""
         async with self._redis_lock:
             if self._redis_client is None:
-                self._redis_client = await connect_redis(
-                    self.redis_url,
-                    client_name=self._client_name,
-                    settings=self._settings,
-                    decode_responses=True,
-                    socket_timeout_s=max(SOCKET_TIMEOUT_S, self.xread_block_ms / 1000 + 5),
-                    retry=False,  # the stream reader retries itself, from the last entry id
-                )
+                try:
+                    self._redis_client = await self._connect_redis()
+                except (RedisConnectionError, OSError):
+                    # once more, as `ping_fresh`: a connection dropped as it was made is
+                    # not a lost Redis
+                    self._redis_client = await self._connect_redis()
             return self._redis_client
+
+    async def _connect_redis(self) -> AnyRedis:
+        return await connect_redis(
+            self.redis_url,
+            client_name=self._client_name,
+            settings=self._settings,
+            decode_responses=True,
+            socket_timeout_s=max(SOCKET_TIMEOUT_S, self.xread_block_ms / 1000 + 5),
+            retry=False,  # the stream reader retries itself, from the last entry id
+        )
 
     async def answering_redis(self) -> AnyRedis:
         """The Redis client after it answered a PING (`ping_fresh`: a connection dropped
