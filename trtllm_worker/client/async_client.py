@@ -60,7 +60,7 @@ from trtllm_worker.client.errors import (
     StreamFormatError,
 )
 from trtllm_worker.client.events import DoneEvent, ErrorEvent, Event, parse_entry
-from trtllm_worker.client.jobs import JobOptions, job_body, validate_job
+from trtllm_worker.client.jobs import JobOptions, job_body, job_message, validate_job
 from trtllm_worker.client.migrate import Migration, Report, migrate_queue
 from trtllm_worker.client.tracecontext import trace_headers
 from trtllm_worker.client.usage import Usage, read_usage
@@ -76,7 +76,6 @@ from trtllm_worker.contract.job import (
 )
 from trtllm_worker.contract.priority import MAX_PRIORITY
 from trtllm_worker.contract.queues import (
-    PUBLISHED_MS_HEADER,
     cancel_exchange_name,
     dead_queue_name,
 )
@@ -335,17 +334,7 @@ class Client:
         body = job_body(inputs, parameters, **options)
         encoded = validate_job(body, self.limits)
         request_id = str(body["request_id"])
-        now = time.time()
-        headers[PUBLISHED_MS_HEADER] = int(now * 1000)
-        message = aio_pika.Message(
-            encoded,
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=request_id,
-            timestamp=now,
-            headers=headers,
-            priority=priority,
-        )
+        message = job_message(encoded, request_id, priority, time.time(), headers)
         channel = await self._publisher()
         await self._confirmed(
             channel.default_exchange.publish(message, routing_key=self.queue, mandatory=True),

@@ -31,7 +31,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypedDict, cast
 
-import aio_pika
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -54,6 +53,7 @@ from trtllm_worker.client.batch_files import (
 )
 from trtllm_worker.client.completions import TokenText
 from trtllm_worker.client.errors import ClientError, ServiceUnavailable
+from trtllm_worker.client.jobs import job_message
 from trtllm_worker.config import Settings
 from trtllm_worker.connect.amqp import reason
 from trtllm_worker.connect.redis import AnyRedis
@@ -73,7 +73,6 @@ from trtllm_worker.contract.batches import (
 )
 from trtllm_worker.contract.errors import DEADLINE_EXCEEDED
 from trtllm_worker.contract.openai import CHAT_COMPLETIONS
-from trtllm_worker.contract.queues import PUBLISHED_MS_HEADER
 from trtllm_worker.contract.stream import (
     DONE,
     Fields,
@@ -384,15 +383,7 @@ class Batches:
         exchange = channel.default_exchange
 
         async def one(request_id: str, body: bytes) -> None:
-            message = aio_pika.Message(
-                body,
-                content_type="application/json",
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=request_id,
-                timestamp=now,
-                headers={PUBLISHED_MS_HEADER: int(now * 1000)},
-                priority=priority,
-            )
+            message = job_message(body, request_id, priority, now)
             await client._confirmed(
                 exchange.publish(message, routing_key=client.queue, mandatory=True),
                 f"submitting {request_id}",

@@ -10,9 +10,12 @@ from collections.abc import Sequence as Seq
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
+import aio_pika
+
 from trtllm_worker.client.errors import InvalidJobError
 from trtllm_worker.contract.errors import InvalidJob
 from trtllm_worker.contract.job import JobLimits, Parameters, parse_job
+from trtllm_worker.contract.queues import PUBLISHED_MS_HEADER
 
 # Schema-only validation when the worker's limits are not known.
 _UNBOUNDED = JobLimits(max_new_tokens=2**63, default_max_new_tokens=2**63)
@@ -86,3 +89,24 @@ def validate_job(body: Mapping[str, Any], limits: JobLimits | None = None) -> by
     except InvalidJob as exc:
         raise InvalidJobError(exc.message, code=exc.code) from None
     return encoded
+
+
+def job_message(
+    encoded: bytes,
+    request_id: str,
+    priority: int | None,
+    now: float,
+    headers: Mapping[str, Any] | None = None,
+) -> aio_pika.Message:
+    """The AMQP message of a validated job body: persistent, its request id as message
+    id, published at `now` (the timestamp and the worker's queue-wait header), at
+    `priority`, with any further `headers` (a trace context)."""
+    return aio_pika.Message(
+        encoded,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=request_id,
+        timestamp=now,
+        headers={**(headers or {}), PUBLISHED_MS_HEADER: int(now * 1000)},
+        priority=priority,
+    )
